@@ -1,0 +1,170 @@
+"""Reference decoding in torch: batched greedy and batched beam search.
+
+This is the yardstick the ONNX Runtime engine is checked against, so it favours plain,
+obviously-correct code over speed: every row stays in the batch until the end.
+
+Conventions shared with the engine (service/engine):
+* a sentence may produce at most `length_limit(source_length)` tokens, </s> included;
+* a hypothesis' raw score is the sum of its tokens' log-probs (</s> included when it ended);
+* beam hypotheses are ranked by raw score / length ** length_penalty.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from export.model.transformer import Transformer
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without the final </s>
+    score: float  # raw score / length ** length_penalty
+    log_prob: float  # sum of token log-probs, </s> included
+
+
+def length_limit(source_length: int, max_length: int, max_positions: int) -> int:
+    """Most tokens a sentence may produce: 1.5x its source plus 10, within the hard caps."""
+    return max(1, min(max_length, max_positions - 1, int(1.5 * source_length) + 10))
+
+
+def source_lengths(source_mask: torch.Tensor) -> list[int]:
+    return [int(n) for n in source_mask.sum(dim=1)]
+
+
+@torch.no_grad()
+def greedy_search(
+    model: Transformer,
+    source_ids: torch.Tensor,
+    source_mask: torch.Tensor,
+    max_length: int = 256,
+    length_penalty: float = 1.0,
+) -> list[Hypothesis]:
+    """source_ids, source_mask [B, S] -> one hypothesis per row, in order."""
+    config = model.config
+    batch = source_ids.shape[0]
+    limits = [
+        length_limit(n, max_length, config.max_positions) for n in source_lengths(source_mask)
+    ]
+    cross = model.cross_keys_values(model.encode(source_ids, source_mask))
+    past = model.empty_cache(batch, source_ids.device)
+    last = torch.full(
+        (batch, 1), config.decoder_start_id, dtype=torch.long, device=source_ids.device
+    )
+    tokens: list[list[int]] = [[] for _ in range(batch)]
+    log_probs = [0.0] * batch
+    lengths = [0] * batch  # tokens produced, </s> included
+    open_rows = set(range(batch))
+    for step in range(max(limits)):
+        logits, past, _ = model.decode(last, past, cross, source_mask)
+        step_log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # [B, V]
+        best = step_log_probs.argmax(dim=-1)  # [B]
+        for row in list(open_rows):
+            token = int(best[row])
+            log_probs[row] += float(step_log_probs[row, token])
+            lengths[row] += 1
+            if token == config.eos_id or step + 1 >= limits[row]:
+                open_rows.discard(row)
+            if token != config.eos_id:
+                tokens[row].append(token)
+        if not open_rows:
+            break
+        last = best[:, None]
+    return [
+        Hypothesis(t, lp / n**length_penalty, lp)
+        for t, lp, n in zip(tokens, log_probs, lengths, strict=True)
+    ]
+
+
+@torch.no_grad()
+def beam_search(
+    model: Transformer,
+    source_ids: torch.Tensor,
+    source_mask: torch.Tensor,
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+    n_best: int = 1,
+    max_length: int = 256,
+) -> list[list[Hypothesis]]:
+    """source_ids, source_mask [B, S] -> for each row, its n_best hypotheses, best first.
+
+    Each step ranks the 2K best continuations of the K open beams of a sentence. A candidate
+    ending in </s> among the first K is finished; the best K others stay open. A sentence is
+    done when it has K finished hypotheses and its best open beam, scored at the current
+    length, cannot beat the worst of them (Hugging Face's default stopping rule), or at its
+    length limit.
+    """
+    config = model.config
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
+    batch, width = source_ids.shape[0], beam_size
+    device = source_ids.device
+    limits = [
+        length_limit(n, max_length, config.max_positions) for n in source_lengths(source_mask)
+    ]
+
+    # Every sentence gets K rows: row b*K + k is beam k of sentence b.
+    source_mask_k = source_mask.repeat_interleave(width, dim=0)  # [B*K, S]
+    cross = model.cross_keys_values(model.encode(source_ids, source_mask))
+    cross = [(k.repeat_interleave(width, 0), v.repeat_interleave(width, 0)) for k, v in cross]
+    past = model.empty_cache(batch * width, device)
+    last = torch.full((batch * width,), config.decoder_start_id, dtype=torch.long, device=device)
+    sequences = torch.zeros((batch * width, 0), dtype=torch.long, device=device)
+    # Only beam 0 is live at the start, so the K beams do not all pick the same first token.
+    scores = torch.full((batch, width), -math.inf, device=device)
+    scores[:, 0] = 0.0
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    done = [False] * batch
+
+    for step in range(max(limits)):
+        length = step + 1
+        logits, past, _ = model.decode(last[:, None], past, cross, source_mask_k)
+        step_log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # [B*K, V]
+        vocab = step_log_probs.shape[-1]
+        candidates = (scores[:, :, None] + step_log_probs.view(batch, width, vocab)).view(batch, -1)
+        top_scores, top_index = candidates.topk(2 * width, dim=-1)  # [B, 2K]
+        top_origin, top_token = top_index // vocab, top_index % vocab
+
+        next_scores = torch.full((batch, width), -math.inf, device=device)
+        next_rows = torch.arange(batch * width, device=device)  # default: keep own row
+        next_tokens = torch.full((batch * width,), config.pad_id, dtype=torch.long, device=device)
+        for b in range(batch):
+            if done[b]:
+                continue
+            at_limit = length >= limits[b]
+            kept = 0
+            for rank in range(2 * width):
+                token, score = int(top_token[b, rank]), float(top_scores[b, rank])
+                origin = b * width + int(top_origin[b, rank])
+                if score == -math.inf:
+                    break
+                if token == config.eos_id or at_limit:
+                    if rank < width:
+                        body = sequences[origin].tolist()
+                        if token != config.eos_id:
+                            body.append(token)
+                        finished[b].append(Hypothesis(body, score / length**length_penalty, score))
+                    continue
+                next_scores[b, kept] = score
+                next_rows[b * width + kept] = origin
+                next_tokens[b * width + kept] = token
+                kept += 1
+                if kept == width:
+                    break
+            if at_limit:
+                done[b] = True
+            elif len(finished[b]) >= width:
+                worst_kept = sorted(h.score for h in finished[b])[-width]
+                best_open = float(next_scores[b].max()) / length**length_penalty
+                done[b] = best_open <= worst_kept
+        if all(done):
+            break
+        # Reorder everything that belongs to a beam by the beam it came from.
+        sequences = torch.cat([sequences[next_rows], next_tokens[:, None]], dim=1)
+        past = [(k[next_rows], v[next_rows]) for k, v in past]
+        scores = next_scores
+        last = next_tokens
+    return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]

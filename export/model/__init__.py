@@ -1,0 +1,1 @@
+"""A Marian-shaped encoder-decoder Transformer in torch."""

@@ -1,0 +1,219 @@
+"""The encoder-decoder Transformer, shaped like Marian (and Hugging Face's MarianMTModel).
+
+* post-norm: every sub-layer is `x = LayerNorm(x + Dropout(sublayer(x)))`;
+* sinusoidal positions, added to embeddings scaled by sqrt(d_model);
+* one embedding matrix shared by the encoder input, the decoder input and the output projection.
+
+Decoding one token at a time uses two caches (see attention.py for why they are valid):
+* `cross`: for every decoder layer, the cross-attention keys/values of the source, computed once
+  by `cross_keys_values` right after encoding;
+* `past`: for every decoder layer, the self-attention keys/values of the target positions
+  written so far; `decode` returns them grown by the new positions.
+
+Shapes: B batch, S source length, T target (query) length, P past length, D model width,
+H heads, Dh head width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from export.model.attention import MultiHeadAttention, causal_bias, padding_bias
+from export.model.config import ModelConfig
+
+# One (keys, values) pair per decoder layer, each [B, H, length, Dh].
+DecoderCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
+def sinusoidal_table(max_positions: int, dim: int) -> torch.Tensor:
+    """[max_positions, dim]: sines in the first half of the dimensions, cosines in the second.
+
+    This is Marian's layout (not interleaved), so that imported Marian weights see the same
+    position signal they were trained with.
+    """
+    positions = torch.arange(max_positions, dtype=torch.float64)[:, None]
+    frequencies = torch.pow(10000.0, -2.0 * torch.arange(dim // 2, dtype=torch.float64) / dim)
+    angles = positions * frequencies[None, :]  # [max_positions, dim/2]
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).to(torch.float32)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, config.ffn_dim)
+        self.fc2 = nn.Linear(config.ffn_dim, config.d_model)
+        self.activation = _ACTIVATIONS[config.activation]
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.activation_dropout(self.activation(self.fc1(x))))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(
+            config.d_model, config.n_heads, config.attention_dropout
+        )
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.ffn = FeedForward(config)
+        self.final_layer_norm = nn.LayerNorm(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, source_bias: torch.Tensor) -> torch.Tensor:
+        """x [B, S, D], source_bias [B, 1, 1, S] -> [B, S, D]"""
+        # Self-attention over the source: every source word looks at every other one.
+        queries = self.self_attn.project_queries(x)
+        keys, values = self.self_attn.project_keys_values(x)
+        attended, _ = self.self_attn.attend(queries, keys, values, source_bias)
+        x = self.self_attn_layer_norm(x + self.dropout(attended))
+        return self.final_layer_norm(x + self.dropout(self.ffn(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(
+            config.d_model, config.n_heads, config.attention_dropout
+        )
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.cross_attn = MultiHeadAttention(
+            config.d_model, config.n_heads, config.attention_dropout
+        )
+        self.cross_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.ffn = FeedForward(config)
+        self.final_layer_norm = nn.LayerNorm(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor],
+        self_bias: torch.Tensor,
+        cross: tuple[torch.Tensor, torch.Tensor],
+        source_bias: torch.Tensor,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """One decoder layer over T new target positions.
+
+        x [B, T, D]; past keys/values [B, H, P, Dh]; self_bias [1, 1, T, P+T];
+        cross keys/values [B, H, S, Dh]; source_bias [B, 1, 1, S].
+        Returns x [B, T, D], present keys/values [B, H, P+T, Dh], cross weights [B, H, T, S].
+        """
+        # Self-attention: the new positions look at the target written so far (and themselves).
+        # Only the new positions are projected; earlier keys/values come from the cache.
+        queries = self.self_attn.project_queries(x)
+        new_keys, new_values = self.self_attn.project_keys_values(x)
+        keys = torch.cat([past[0], new_keys], dim=2)  # [B, H, P+T, Dh]
+        values = torch.cat([past[1], new_values], dim=2)
+        attended, _ = self.self_attn.attend(queries, keys, values, self_bias)
+        x = self.self_attn_layer_norm(x + self.dropout(attended))
+
+        # Cross-attention: queries from the target side, keys/values from the source (cached).
+        queries = self.cross_attn.project_queries(x)
+        attended, cross_weights = self.cross_attn.attend(queries, cross[0], cross[1], source_bias)
+        x = self.cross_attn_layer_norm(x + self.dropout(attended))
+
+        x = self.final_layer_norm(x + self.dropout(self.ffn(x)))
+        return x, (keys, values), cross_weights
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_id)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.register_buffer(
+            "positions", sinusoidal_table(config.max_positions, config.d_model), persistent=False
+        )
+        # Marian adds a (frozen, usually zero) bias to the output logits; kept for imports.
+        self.register_buffer("final_logits_bias", torch.zeros(config.vocab_size))
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(config) for _ in range(config.encoder_layers)
+        )
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(config) for _ in range(config.decoder_layers)
+        )
+        self.dropout = nn.Dropout(config.dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        # Scaled by sqrt(D) on input, so start embeddings at ~1/sqrt(D) to keep inputs ~unit size.
+        nn.init.normal_(self.embed_tokens.weight, mean=0.0, std=self.config.d_model**-0.5)
+        with torch.no_grad():
+            self.embed_tokens.weight[self.config.pad_id].zero_()
+
+    def embed(self, ids: torch.Tensor, first_position: int | torch.Tensor = 0) -> torch.Tensor:
+        """ids [B, T] -> scaled token embeddings plus positions [B, T, D]"""
+        length = ids.shape[1]
+        positions = self.positions[first_position : first_position + length]  # [T, D]
+        return self.dropout(self.embed_tokens(ids) * self.embed_scale + positions[None])
+
+    def encode(self, source_ids: torch.Tensor, source_mask: torch.Tensor) -> torch.Tensor:
+        """source_ids [B, S], source_mask [B, S] (True = real token) -> encoder output [B, S, D]"""
+        bias = padding_bias(source_mask)
+        x = self.embed(source_ids)
+        for layer in self.encoder_layers:
+            x = layer(x, bias)
+        return x
+
+    def cross_keys_values(self, encoder_output: torch.Tensor) -> DecoderCache:
+        """The source's keys/values for every decoder layer: computed once, reused every step."""
+        return [
+            layer.cross_attn.project_keys_values(encoder_output) for layer in self.decoder_layers
+        ]
+
+    def empty_cache(self, batch_size: int, device: torch.device | None = None) -> DecoderCache:
+        shape = (batch_size, self.config.n_heads, 0, self.config.head_dim)
+        return [
+            (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+            for _ in self.decoder_layers
+        ]
+
+    def decode(
+        self,
+        target_ids: torch.Tensor,
+        past: DecoderCache,
+        cross: DecoderCache,
+        source_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, DecoderCache, torch.Tensor]:
+        """Run the decoder over T new target positions that follow P cached ones.
+
+        target_ids [B, T]; past: per layer [B, H, P, Dh]; cross: per layer [B, H, S, Dh];
+        source_mask [B, S].
+        Returns logits [B, T, V], present cache (per layer [B, H, P+T, Dh]) and the last
+        layer's cross-attention weights averaged over heads [B, T, S] (the alignment).
+        """
+        past_length = past[0][0].shape[2]
+        length = target_ids.shape[1]
+        self_bias = causal_bias(length, past_length, target_ids.device)
+        source_bias = padding_bias(source_mask)
+        x = self.embed(target_ids, past_length)
+        present: DecoderCache = []
+        cross_weights = torch.zeros(0)
+        for layer, layer_past, layer_cross in zip(self.decoder_layers, past, cross, strict=True):
+            x, layer_present, cross_weights = layer(
+                x, layer_past, self_bias, layer_cross, source_bias
+            )
+            present.append(layer_present)
+        logits = x @ self.embed_tokens.weight.T + self.final_logits_bias  # [B, T, V]
+        return logits, present, cross_weights.mean(dim=1)
+
+    def forward(
+        self, source_ids: torch.Tensor, source_mask: torch.Tensor, target_in_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Teacher forcing for training: logits [B, T, V] for every target position at once."""
+        cross = self.cross_keys_values(self.encode(source_ids, source_mask))
+        past = self.empty_cache(source_ids.shape[0], source_ids.device)
+        logits, _, _ = self.decode(target_in_ids, past, cross, source_mask)
+        return logits

@@ -1,0 +1,69 @@
+"""Training settings: a plain dataclass, importable without torch (the CLI builds flags from it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from export.model.config import ModelConfig
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
+
+
+def multi30k_dir() -> Path:
+    """Where Multi30k lives: $NMT_DATA_DIR, else ../shared/data/multi30k beside the checkout."""
+    return Path(os.environ.get("NMT_DATA_DIR", DEFAULT_DATA_DIR))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    data_dir: str = ""  # "" = Multi30k at $NMT_DATA_DIR or ../shared/data/multi30k
+    train_prefix: str = "train"
+    valid_prefix: str = "val"
+    source_lang: str = "fr"
+    target_lang: str = "en"
+    vocab_size: int = 8000
+    d_model: int = 256
+    n_heads: int = 4
+    ffn_dim: int = 1024
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    activation: str = "relu"
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    max_tokens: int = 4096  # padded tokens per batch (the longer of source and target)
+    learning_rate: float = 1e-3  # peak, reached at the end of warmup
+    warmup_steps: int = 1000
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    max_epochs: int = 40
+    max_steps: int = 0  # 0 = no limit; a limit ends training once reached (smoke tests)
+    patience: int = 6  # epochs without a better validation BLEU before stopping
+    average_last: int = 5  # epochs whose weights are averaged at the end
+    checkpoint_every: int = 200  # steps between resumable checkpoints
+    max_sentence_tokens: int = 128  # longer training pairs are dropped
+    valid_bleu_sentences: int = 0  # 0 = the whole validation set
+    seed: int = 1234
+    threads: int = 0  # 0 = torch's default
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=vocab_size,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            ffn_dim=self.ffn_dim,
+            encoder_layers=self.encoder_layers,
+            decoder_layers=self.decoder_layers,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            activation_dropout=self.activation_dropout,
+            activation=self.activation,
+            source_lang=self.source_lang,
+            target_lang=self.target_lang,
+        )
+
+    def corpus(self, prefix: str) -> tuple[Path, Path]:
+        base = Path(self.data_dir) if self.data_dir else multi30k_dir()
+        return base / f"{prefix}.{self.source_lang}", base / f"{prefix}.{self.target_lang}"

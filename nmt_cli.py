@@ -1,0 +1,130 @@
+"""`nmt`: the one command-line entry point.
+
+Subcommands import their side lazily: `train` and the torch paths need the `export` extra
+(torch); the serving side never imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+
+
+def _add_train(subparsers: argparse._SubParsersAction) -> None:
+    from export.train_config import TrainConfig  # a plain dataclass: no torch import
+
+    parser = subparsers.add_parser(
+        "train",
+        help="train a model (resumable: run the same command again to continue)",
+        description="Train the Transformer. Killed runs continue from --run-dir/state.pt.",
+    )
+    parser.add_argument("--run-dir", type=Path, required=True, help="checkpoints and progress")
+    parser.add_argument("--out", type=Path, help="where to write the final model directory")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    for field in dataclasses.fields(TrainConfig):
+        parser.add_argument(
+            "--" + field.name.replace("_", "-"),
+            type=type(field.default),
+            default=field.default,
+            help=f"(default: {field.default!r})",
+        )
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from export.train import run_training
+    from export.train_config import TrainConfig
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    summary = run_training(TrainConfig(**values), args.run_dir, args.out, args.device)
+    print(json.dumps(summary))
+    return 0
+
+
+def _read_stdin_lines() -> list[str]:
+    return sys.stdin.read().splitlines()
+
+
+def _torch_translate(args: argparse.Namespace, sentences: list[str]) -> list[str]:
+    from export.checkpoint import load_model_dir
+    from export.translate import translate_texts
+
+    model, tokenizer = load_model_dir(args.checkpoint)
+    return translate_texts(
+        model, tokenizer, sentences, args.beam_size, args.batch_size, args.max_length
+    )
+
+
+def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=Path("models/fr-en"),
+        help="torch model directory (default: models/fr-en)",
+    )
+    parser.add_argument("--beam-size", type=int, default=1, help="1 = greedy")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=256)
+
+
+def _cmd_translate(args: argparse.Namespace) -> int:
+    for line in _torch_translate(args, _read_stdin_lines()):
+        print(line)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from export.data import read_lines
+    from export.scoring import corpus_scores
+
+    references = read_lines(args.ref)
+    if args.hyp:
+        hypotheses = read_lines(args.hyp)
+    elif args.src:
+        hypotheses = _torch_translate(args, read_lines(args.src))
+    else:
+        raise SystemExit("nmt eval: give --src (to translate) or --hyp (translations to score)")
+    result = corpus_scores(hypotheses, references)
+    result.update({"ref": str(args.ref), "beam_size": args.beam_size})
+    print(json.dumps(result))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nmt", description="nmt-serve: neural machine translation"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_train(subparsers)
+
+    translate = subparsers.add_parser(
+        "translate", help="translate stdin, one sentence per line, to stdout in the same order"
+    )
+    _add_decoding_options(translate)
+
+    evaluate = subparsers.add_parser("eval", help="BLEU and chrF (sacrebleu) as JSON")
+    _add_decoding_options(evaluate)
+    evaluate.add_argument("--src", type=Path, help="source file to translate")
+    evaluate.add_argument("--hyp", type=Path, help="translations to score instead")
+    evaluate.add_argument("--ref", type=Path, required=True, help="reference translations")
+    return parser
+
+
+COMMANDS = {"train": _cmd_train, "translate": _cmd_translate, "eval": _cmd_eval}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose or args.command == "train" else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    return COMMANDS[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Shared fixtures. Torch-side fixtures import torch lazily so serving tests run without it."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED_MODEL = ROOT / "models" / "fr-en"
+
+
+def multi30k_path() -> Path:
+    return Path(os.environ.get("NMT_DATA_DIR", ROOT.parent / "shared" / "data" / "multi30k"))
+
+
+@pytest.fixture(scope="session")
+def multi30k() -> Path:
+    path = multi30k_path()
+    if not (path / "test_2016_flickr.fr").is_file():
+        pytest.skip(f"Multi30k not found at {path} (set NMT_DATA_DIR to its folder)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def committed_model() -> Path:
+    if not (COMMITTED_MODEL / "model.safetensors").is_file():
+        pytest.skip(f"no committed model at {COMMITTED_MODEL}")
+    return COMMITTED_MODEL
+
+
+REVERSE_WORDS = [
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliett",
+    "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango",
+]  # fmt: skip
+
+
+def write_reverse_corpus(folder: Path, train_pairs: int = 3000, valid_pairs: int = 100) -> Path:
+    """A toy translation task: the target is the source's words in reverse order.
+
+    Written as text files shaped like Multi30k (`train.src`/`train.tgt`, `val.src`/`val.tgt`),
+    so that the real training pipeline (tokenizer included) runs on it end to end.
+    """
+    rng = random.Random(7)
+    folder.mkdir(parents=True, exist_ok=True)
+    seen: set[str] = set()
+    for split, count in (("train", train_pairs), ("val", valid_pairs)):
+        sources, targets = [], []
+        while len(sources) < count:
+            words = [rng.choice(REVERSE_WORDS) for _ in range(rng.randint(3, 7))]
+            sentence = " ".join(words)
+            if sentence in seen:  # held-out sentences never appear in training
+                continue
+            seen.add(sentence)
+            sources.append(sentence)
+            targets.append(" ".join(reversed(words)))
+        (folder / f"{split}.src").write_text("\n".join(sources) + "\n")
+        (folder / f"{split}.tgt").write_text("\n".join(targets) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def reverse_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_reverse_corpus(tmp_path_factory.mktemp("reverse"))

@@ -1,0 +1,75 @@
+"""The torch Transformer: masking, and incremental decoding against full recomputation."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from export.model.config import ModelConfig  # noqa: E402
+from export.model.transformer import Transformer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=60, d_model=32, n_heads=4, ffn_dim=64, dropout=0.0)
+    return Transformer(config).eval()
+
+
+def padded_batch(pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three sources of lengths 9, 6 and 3: the last two padded."""
+    generator = torch.Generator().manual_seed(1)
+    source_ids = torch.randint(3, 60, (3, 9), generator=generator)
+    lengths = torch.tensor([9, 6, 3])
+    source_mask = torch.arange(9)[None, :] < lengths[:, None]
+    return source_ids.masked_fill(~source_mask, pad_id), source_mask
+
+
+def test_changing_a_later_target_token_never_changes_earlier_outputs(model: Transformer) -> None:
+    source_ids, source_mask = padded_batch()
+    target = torch.randint(3, 60, (3, 8), generator=torch.Generator().manual_seed(2))
+    for changed_position in (1, 4, 7):
+        altered = target.clone()
+        altered[:, changed_position] = (altered[:, changed_position] + 1 - 3) % 57 + 3
+        with torch.no_grad():
+            before = model(source_ids, source_mask, target)
+            after = model(source_ids, source_mask, altered)
+        assert torch.equal(before[:, :changed_position], after[:, :changed_position])
+        # and the change is visible from that position on (the mask hides nothing it should not)
+        assert not torch.allclose(before[:, changed_position:], after[:, changed_position:])
+
+
+def test_padding_in_the_source_is_invisible(model: Transformer) -> None:
+    source_ids, source_mask = padded_batch()
+    target = torch.randint(3, 60, (3, 5), generator=torch.Generator().manual_seed(3))
+    junk = source_ids.masked_fill(~source_mask, 17)  # other ids under the padding
+    with torch.no_grad():
+        assert torch.allclose(
+            model(source_ids, source_mask, target), model(junk, source_mask, target), atol=1e-6
+        )
+
+
+def test_incremental_decoding_with_caches_equals_full_recomputation(model: Transformer) -> None:
+    source_ids, source_mask = padded_batch()
+    steps = 10
+    target = torch.randint(3, 60, (3, steps), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model(source_ids, source_mask, target)  # [B, T, V], no cache at all
+        cross = model.cross_keys_values(model.encode(source_ids, source_mask))
+        past = model.empty_cache(3)
+        for step in range(steps):
+            logits, past, _ = model.decode(target[:, step : step + 1], past, cross, source_mask)
+            assert (logits[:, 0] - full[:, step]).abs().max() <= 1e-5
+            assert past[0][0].shape == (3, 4, step + 1, 8)  # the cache grows one position a step
+
+
+def test_alignment_weights_cover_only_real_source_tokens(model: Transformer) -> None:
+    source_ids, source_mask = padded_batch()
+    with torch.no_grad():
+        cross = model.cross_keys_values(model.encode(source_ids, source_mask))
+        start = torch.zeros((3, 1), dtype=torch.long)
+        _, _, weights = model.decode(start, model.empty_cache(3), cross, source_mask)
+    assert weights.shape == (3, 1, 9)  # [B, T, S]
+    assert torch.allclose(weights.sum(-1), torch.ones(3, 1))
+    assert weights.masked_select(~source_mask[:, None, :]).abs().max() == 0

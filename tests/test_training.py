@@ -1,0 +1,89 @@
+"""Training end to end on a toy task made by the test, and resuming after a kill."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from export.checkpoint import load_model_dir  # noqa: E402
+from export.train import Trainer, run_training  # noqa: E402
+from export.train_config import TrainConfig  # noqa: E402
+from export.translate import translate_texts  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+
+def toy_config(corpus: Path, **overrides) -> TrainConfig:
+    settings = dict(
+        data_dir=str(corpus), source_lang="src", target_lang="tgt", vocab_size=400,
+        d_model=64, n_heads=4, ffn_dim=128, encoder_layers=2, decoder_layers=2, dropout=0.0,
+        max_tokens=1200, learning_rate=3e-3, warmup_steps=60, max_epochs=20, patience=20,
+        average_last=2, checkpoint_every=10, threads=1,
+    )  # fmt: skip
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def test_training_learns_to_reverse_word_order(reverse_corpus: Path, tmp_path: Path) -> None:
+    config = toy_config(reverse_corpus)
+    summary = run_training(config, tmp_path / "run", tmp_path / "model", show_progress=False)
+    history = [line for line in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
+    assert len(history) >= 2
+    trainer_history = Trainer(config, tmp_path / "run", show_progress=False).history
+    first, last = trainer_history[0], trainer_history[-1]
+    assert last["train_loss"] < 0.5 * first["train_loss"]
+    model, tokenizer = load_model_dir(tmp_path / "model")
+    sources = (reverse_corpus / "val.src").read_text().splitlines()
+    references = (reverse_corpus / "val.tgt").read_text().splitlines()
+    outputs = translate_texts(model, tokenizer, sources, beam_size=1)
+    solved = sum(o == r for o, r in zip(outputs, references, strict=True)) / len(sources)
+    assert solved >= 0.9, f"only {solved:.0%} of held-out sentences reversed ({summary})"
+
+
+def train_command(config: TrainConfig, run_dir: Path) -> list[str]:
+    command = [sys.executable, "-m", "nmt_cli", "train", "--run-dir", str(run_dir)]
+    for field in dataclasses.fields(config):
+        command += ["--" + field.name.replace("_", "-"), str(getattr(config, field.name))]
+    return command
+
+
+def test_a_killed_run_resumes_to_the_same_weights(reverse_corpus: Path, tmp_path: Path) -> None:
+    # Long enough to cross an epoch boundary (validation, epoch files) and several checkpoints.
+    config = toy_config(reverse_corpus, max_steps=70, dropout=0.1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    subprocess.run(train_command(config, tmp_path / "straight"), env=env, check=True, cwd=ROOT)
+
+    killed_dir = tmp_path / "killed"
+    process = subprocess.Popen(train_command(config, killed_dir), env=env, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while not (killed_dir / "state.pt").exists():
+        assert process.poll() is None, "training ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # let it get some way past the first checkpoint
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    interrupted_at = torch.load(killed_dir / "state.pt", weights_only=False)["step"]
+    assert interrupted_at < config.max_steps
+    subprocess.run(train_command(config, killed_dir), env=env, check=True, cwd=ROOT)
+
+    straight = torch.load(tmp_path / "straight" / "state.pt", weights_only=False)
+    resumed = torch.load(killed_dir / "state.pt", weights_only=False)
+    assert straight["step"] == resumed["step"] == config.max_steps
+    for name, tensor in straight["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+
+    def without_timing(history: list[dict]) -> list[dict]:
+        return [{k: v for k, v in epoch.items() if k != "seconds"} for epoch in history]
+
+    assert without_timing(straight["history"]) == without_timing(resumed["history"])
+    assert len(straight["history"]) >= 2  # the runs crossed epoch boundaries
