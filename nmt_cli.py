@@ -48,30 +48,61 @@ def _read_stdin_lines() -> list[str]:
     return sys.stdin.read().splitlines()
 
 
-def _torch_translate(args: argparse.Namespace, sentences: list[str]) -> list[str]:
+def _translate_lines(args: argparse.Namespace, sentences: list[str]) -> list[str]:
+    """On the ONNX engine with --model-dir (the product), else on the torch checkpoint."""
+    if args.model_dir:
+        from service.bundle import load_bundle
+        from service.decoding import SearchOptions
+        from service.engine import EngineOptions
+        from service.translator import Translator
+
+        translator = Translator(
+            load_bundle(args.model_dir),
+            EngineOptions(int8=args.int8, intra_op_threads=args.threads),
+        )
+        options = SearchOptions(
+            beam_size=args.beam_size, length_penalty=args.length_penalty, max_length=args.max_length
+        )
+        return [t.text for t in translator.translate(sentences, options, args.batch_size)]
+    if args.int8:
+        raise SystemExit("--int8 needs --model-dir (an exported bundle)")
     from export.checkpoint import load_model_dir
     from export.translate import translate_texts
 
     model, tokenizer = load_model_dir(args.checkpoint)
     return translate_texts(
-        model, tokenizer, sentences, args.beam_size, args.batch_size, args.max_length
-    )
+        model, tokenizer, sentences, args.beam_size, args.batch_size, args.max_length,
+        args.length_penalty,
+    )  # fmt: skip
 
 
 def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model-dir", type=Path, help="exported bundle (ONNX Runtime engine)")
+    source.add_argument(
         "--checkpoint",
         type=Path,
         default=Path("models/fr-en"),
-        help="torch model directory (default: models/fr-en)",
+        help="torch model directory, used without --model-dir (default: models/fr-en)",
     )
     parser.add_argument("--beam-size", type=int, default=1, help="1 = greedy")
+    parser.add_argument("--length-penalty", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--int8", action="store_true", help="int8 graphs (with --model-dir)")
+    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all)")
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from export.onnx_export import export_bundle
+
+    manifest = export_bundle(args.checkpoint, args.out, int8=args.int8)
+    print(json.dumps({"out": str(args.out), "files": sorted(manifest["files"])}))
+    return 0
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
-    for line in _torch_translate(args, _read_stdin_lines()):
+    for line in _translate_lines(args, _read_stdin_lines()):
         print(line)
     return 0
 
@@ -84,11 +115,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.hyp:
         hypotheses = read_lines(args.hyp)
     elif args.src:
-        hypotheses = _torch_translate(args, read_lines(args.src))
+        hypotheses = _translate_lines(args, read_lines(args.src))
     else:
         raise SystemExit("nmt eval: give --src (to translate) or --hyp (translations to score)")
     result = corpus_scores(hypotheses, references)
-    result.update({"ref": str(args.ref), "beam_size": args.beam_size})
+    result.update(
+        {
+            "ref": str(args.ref),
+            "beam_size": args.beam_size,
+            "engine": "onnxruntime" if args.model_dir else "torch",
+            "int8": args.int8,
+        }
+    )
     print(json.dumps(result))
     return 0
 
@@ -100,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_train(subparsers)
+
+    export = subparsers.add_parser("export", help="export a model directory to an ONNX bundle")
+    export.add_argument("--checkpoint", type=Path, default=Path("models/fr-en"))
+    export.add_argument("--out", type=Path, required=True, help="bundle directory to write")
+    export.add_argument("--int8", action="store_true", help="also write int8 quantized graphs")
 
     translate = subparsers.add_parser(
         "translate", help="translate stdin, one sentence per line, to stdout in the same order"
@@ -114,7 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"train": _cmd_train, "translate": _cmd_translate, "eval": _cmd_eval}
+COMMANDS = {
+    "train": _cmd_train,
+    "export": _cmd_export,
+    "translate": _cmd_translate,
+    "eval": _cmd_eval,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,13 +55,19 @@ def translate_texts(
     beam_size: int = 1,
     batch_size: int = 32,
     max_length: int = 256,
+    length_penalty: float = 1.0,
 ) -> list[str]:
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             found = translate_ids(
-                model, tokenizer.encode_batch(texts), beam_size, batch_size, max_length
+                model,
+                tokenizer.encode_batch(texts),
+                beam_size,
+                batch_size,
+                max_length,
+                length_penalty,
             )
     finally:
         model.train(was_training)

@@ -1,0 +1,97 @@
+"""Reading an exported bundle, and refusing one whose files do not match `bundle.json`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SUPPORTED_FORMAT = 1
+
+
+class BundleError(Exception):
+    """The bundle is missing, incomplete, altered or of an unknown format."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    manifest: dict
+
+    @property
+    def name(self) -> str:
+        return self.manifest["name"]
+
+    @property
+    def source_lang(self) -> str:
+        return self.manifest["source_lang"]
+
+    @property
+    def target_lang(self) -> str:
+        return self.manifest["target_lang"]
+
+    @property
+    def dims(self) -> dict:
+        return self.manifest["model"]
+
+    @property
+    def special_ids(self) -> dict:
+        return self.manifest["special_ids"]
+
+    @property
+    def has_int8(self) -> bool:
+        return bool(self.manifest.get("int8"))
+
+    def graph(self, role: str, int8: bool = False) -> Path:
+        """Path of a graph ("encoder", "decoder", "decoder_nocache"), fp32 or int8."""
+        name = self.manifest["graphs"][role]
+        if int8:
+            if not self.has_int8:
+                raise BundleError(f"{self.path} has no int8 graphs: export it with --int8")
+            name = name.removesuffix(".onnx") + ".int8.onnx"
+        return self.path / name
+
+    def tokenizer_file(self, side: str) -> Path:
+        return self.path / self.manifest["tokenizer"][side]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_bundle(path: Path, verify: bool = True) -> Bundle:
+    """Read `bundle.json` and check every file it lists against its checksum."""
+    path = Path(path)
+    manifest_path = path / "bundle.json"
+    if not manifest_path.is_file():
+        raise BundleError(f"{path} is not a bundle: bundle.json is missing (run `nmt export`)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as error:
+        raise BundleError(f"{manifest_path} is not valid JSON: {error}") from error
+    if manifest.get("format") != SUPPORTED_FORMAT:
+        raise BundleError(
+            f"{manifest_path} has format {manifest.get('format')!r}; "
+            f"this service reads format {SUPPORTED_FORMAT}: re-export the bundle"
+        )
+    if verify:
+        problems = []
+        for name, expected in manifest["files"].items():
+            file = path / name
+            if not file.is_file():
+                problems.append(f"{name} is missing")
+            elif (found := _sha256(file)) != expected:
+                problems.append(
+                    f"{name} has checksum {found[:12]}…, bundle.json says {expected[:12]}…"
+                )
+        if problems:
+            raise BundleError(
+                f"bundle {path} does not match its bundle.json: {'; '.join(problems)}. "
+                "Re-export it with `nmt export`."
+            )
+    return Bundle(path, manifest)

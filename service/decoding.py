@@ -1,0 +1,212 @@
+"""Batched greedy and beam search on the ONNX Runtime engine.
+
+Same conventions as the torch reference (export/decoding.py), which the tests hold this to:
+* a sentence may produce at most `length_limit(source_length)` tokens, </s> included;
+* a hypothesis' raw score (log_prob) is the sum of its tokens' log-probs;
+* hypotheses are ranked by log_prob / length ** length_penalty.
+
+Unlike the reference, rows stop costing compute when they are done: finished greedy rows and
+finished beam sentences leave the batch (and their caches) at once, and source padding that no
+remaining row needs is cut from the cross-attention keys/values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.engine import Engine
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without the final </s>
+    score: float  # log_prob / length ** length_penalty
+    log_prob: float  # sum of token log-probs, </s> included when the sentence ended
+    alignment: np.ndarray | None = None  # [produced tokens, source tokens] cross-attention
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    n_best: int = 1
+    max_length: int = 256
+    alignment: bool = False
+
+
+def length_limit(source_length: int, max_length: int, max_positions: int) -> int:
+    """Most tokens a sentence may produce: 1.5x its source plus 10, within the hard caps."""
+    return max(1, min(max_length, max_positions - 1, int(1.5 * source_length) + 10))
+
+
+def pad_sources(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists -> source_ids [B, S] int64 and source_mask [B, S] bool."""
+    width = max(len(s) for s in sources)
+    ids = np.full((len(sources), width), pad_id, dtype=np.int64)
+    for row, source in enumerate(sources):
+        ids[row, : len(source)] = source
+    mask = np.arange(width)[None, :] < np.array([len(s) for s in sources])[:, None]
+    return ids, mask
+
+
+def search(
+    engine: Engine, sources: list[list[int]], options: SearchOptions
+) -> list[list[Hypothesis]]:
+    """Source id lists (each ending in </s>) -> options.n_best hypotheses each, in order."""
+    if not sources:
+        return []
+    if options.beam_size == 1:
+        return [[h] for h in greedy_search(engine, sources, options)]
+    return beam_search(engine, sources, options)
+
+
+def greedy_search(
+    engine: Engine, sources: list[list[int]], options: SearchOptions
+) -> list[Hypothesis]:
+    source_ids, source_mask = pad_sources(sources, engine.pad_id)
+    state = engine.start(source_ids, source_mask)
+    count = len(sources)
+    source_lengths = [len(s) for s in sources]
+    limits = np.array(
+        [length_limit(n, options.max_length, engine.max_positions) for n in source_lengths]
+    )
+    sentence_of_row = np.arange(count)  # live rows, by the sentence they belong to
+    tokens: list[list[int]] = [[] for _ in range(count)]
+    log_probs = np.zeros(count)
+    produced = np.zeros(count, dtype=np.int64)
+    alignments: list[list[np.ndarray]] = [[] for _ in range(count)]
+    feed = np.full(count, engine.start_id, dtype=np.int64)
+
+    for step in range(int(limits.max())):
+        step_log_probs, step_alignment = engine.step(state, feed, options.alignment)  # [rows, V]
+        best = step_log_probs.argmax(axis=1)
+        log_probs[sentence_of_row] += step_log_probs[np.arange(len(best)), best]
+        produced[sentence_of_row] += 1
+        for row, sentence in enumerate(sentence_of_row):
+            if best[row] != engine.eos_id:
+                tokens[sentence].append(int(best[row]))
+            if step_alignment is not None:
+                alignments[sentence].append(step_alignment[row, : source_lengths[sentence]])
+        ended = (best == engine.eos_id) | (step + 1 >= limits[sentence_of_row])
+        if ended.any():
+            keep = np.flatnonzero(~ended)
+            if keep.size == 0:
+                break
+            state = state.select_rows(keep)
+            sentence_of_row, best = sentence_of_row[keep], best[keep]
+        feed = best
+
+    return [
+        Hypothesis(
+            tokens[i],
+            float(log_probs[i] / produced[i] ** options.length_penalty),
+            float(log_probs[i]),
+            np.stack(alignments[i]) if options.alignment else None,
+        )
+        for i in range(count)
+    ]
+
+
+def _top_candidates(candidates: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The `count` best entries of each row of candidates [m, K*V], best first."""
+    top = np.argpartition(-candidates, count - 1, axis=1)[:, :count]
+    top_scores = np.take_along_axis(candidates, top, axis=1)
+    order = np.argsort(-top_scores, axis=1, kind="stable")
+    return np.take_along_axis(top, order, axis=1), np.take_along_axis(top_scores, order, axis=1)
+
+
+def beam_search(
+    engine: Engine, sources: list[list[int]], options: SearchOptions
+) -> list[list[Hypothesis]]:
+    """Each step ranks the 2K best continuations of a sentence's K open beams. A candidate
+    ending in </s> among the first K is finished; the best K others stay open. A sentence is
+    done when it has K finished hypotheses and its best open beam, scored at the current
+    length, cannot beat the worst of them, or at its length limit; it then leaves the batch.
+    """
+    width, penalty = options.beam_size, options.length_penalty
+    if not 1 <= options.n_best <= width:
+        raise ValueError(f"n_best must be between 1 and beam_size={width}, got {options.n_best}")
+    source_ids, source_mask = pad_sources(sources, engine.pad_id)
+    count, source_width = source_ids.shape
+    source_lengths = [len(s) for s in sources]
+    limits = [length_limit(n, options.max_length, engine.max_positions) for n in source_lengths]
+
+    # Every live sentence owns K consecutive rows: row j*K + k is beam k of alive[j].
+    state = engine.start(source_ids, source_mask).select_rows(np.repeat(np.arange(count), width))
+    alive = np.arange(count)
+    scores = np.full((count, width), -np.inf)
+    scores[:, 0] = 0.0  # only beam 0 is live at first, so the K beams don't all pick one token
+    sequences = np.zeros((count * width, 0), dtype=np.int64)
+    history = np.zeros((count * width, 0, source_width), dtype=np.float32)  # alignment so far
+    finished: list[list[Hypothesis]] = [[] for _ in range(count)]
+    feed = np.full(count * width, engine.start_id, dtype=np.int64)
+
+    for step in range(max(limits)):
+        length = step + 1
+        step_log_probs, step_alignment = engine.step(state, feed, options.alignment)
+        vocab = step_log_probs.shape[1]
+        live = len(alive)
+        if options.alignment:
+            padded = np.zeros((live * width, 1, source_width), dtype=np.float32)
+            padded[:, 0, : step_alignment.shape[1]] = step_alignment
+            history = np.concatenate([history, padded], axis=1)
+        candidates = scores[:, :, None] + step_log_probs.reshape(live, width, vocab)
+        top, top_scores = _top_candidates(candidates.reshape(live, width * vocab), 2 * width)
+        top_origin, top_token = top // vocab, top % vocab
+
+        next_scores = np.full((live, width), -np.inf)
+        next_rows = np.repeat(np.arange(live) * width, width)  # filler rows keep -inf scores
+        next_tokens = np.full(live * width, engine.pad_id, dtype=np.int64)
+        done = np.zeros(live, dtype=bool)
+        for j, sentence in enumerate(alive):
+            at_limit = length >= limits[sentence]
+            kept = 0
+            for rank in range(2 * width):
+                score = float(top_scores[j, rank])
+                if score == -math.inf:
+                    break
+                row, token = j * width + int(top_origin[j, rank]), int(top_token[j, rank])
+                if token == engine.eos_id or at_limit:
+                    if rank < width:
+                        body = sequences[row].tolist() + ([] if token == engine.eos_id else [token])
+                        alignment = (
+                            history[row, :, : source_lengths[sentence]]
+                            if options.alignment
+                            else None
+                        )
+                        finished[sentence].append(
+                            Hypothesis(body, score / length**penalty, score, alignment)
+                        )
+                    continue
+                next_scores[j, kept] = score
+                next_rows[j * width + kept] = row
+                next_tokens[j * width + kept] = token
+                kept += 1
+                if kept == width:
+                    break
+            if at_limit:
+                done[j] = True
+            elif len(finished[sentence]) >= width:
+                worst_kept = sorted(h.score for h in finished[sentence])[-width]
+                done[j] = next_scores[j].max() / length**penalty <= worst_kept
+        if done.all():
+            break
+
+        # Reorder everything that belongs to a beam by the beam it came from; drop done sentences.
+        kept_sentences = np.flatnonzero(~done)
+        kept_rows = (kept_sentences[:, None] * width + np.arange(width)).reshape(-1)
+        rows = next_rows[kept_rows]
+        sequences = np.concatenate([sequences[rows], next_tokens[kept_rows, None]], axis=1)
+        if options.alignment:
+            history = history[rows]
+        state = state.select_rows(rows, cross_changed=bool(done.any()))
+        scores, alive, feed = (
+            next_scores[kept_sentences],
+            alive[kept_sentences],
+            next_tokens[kept_rows],
+        )
+
+    return [sorted(f, key=lambda h: -h.score)[: options.n_best] for f in finished]
