@@ -51,6 +51,18 @@ class EncoderGraph(nn.Module):
         return torch.stack([k for k, _ in cross]), torch.stack([v for _, v in cross])
 
 
+def _log_probs_and_top(logits: torch.Tensor, top_k: torch.Tensor):
+    """logits [B, T, V] -> log-probs of the next token [B, V] and their top_k [B, k].
+
+    Selecting in the graph means a step hands back [B, k] instead of [B, V] to the engine:
+    greedy asks for k = 1, beam search for k = 2 * beam (enough: a sentence's 2K best
+    continuations are always among its beams' own 2K best tokens).
+    """
+    log_probs = torch.log_softmax(logits[:, -1], dim=-1)
+    top_log_probs, top_ids = torch.topk(log_probs, top_k, dim=-1)
+    return log_probs, top_log_probs, top_ids
+
+
 class DecoderStepGraph(nn.Module):
     """One decoding step with the self-attention cache."""
 
@@ -66,14 +78,16 @@ class DecoderStepGraph(nn.Module):
         cross_keys: torch.Tensor,  # [L, B, H, S, Dh] from encoder.onnx
         cross_values: torch.Tensor,  # [L, B, H, S, Dh]
         source_mask: torch.Tensor,  # [B, S] bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        top_k: torch.Tensor,  # int64 scalar: how many best tokens to return per row
+    ) -> tuple[torch.Tensor, ...]:
         past = list(zip(past_keys.unbind(0), past_values.unbind(0), strict=True))
         cross = list(zip(cross_keys.unbind(0), cross_values.unbind(0), strict=True))
         logits, present, alignment = self.model.decode(target_ids, past, cross, source_mask)
-        log_probs = torch.log_softmax(logits[:, -1], dim=-1)  # [B, V]
+        log_probs, top_log_probs, top_ids = _log_probs_and_top(logits, top_k)
         present_keys = torch.stack([k for k, _ in present])  # [L, B, H, P+1, Dh]
         present_values = torch.stack([v for _, v in present])
-        return log_probs, present_keys, present_values, alignment[:, -1]  # alignment [B, S]
+        # alignment: the cross-attention weights of this step [B, S]
+        return log_probs, top_log_probs, top_ids, present_keys, present_values, alignment[:, -1]
 
 
 class DecoderNoCacheGraph(nn.Module):
@@ -89,12 +103,13 @@ class DecoderNoCacheGraph(nn.Module):
         cross_keys: torch.Tensor,
         cross_values: torch.Tensor,
         source_mask: torch.Tensor,
-    ) -> torch.Tensor:
+        top_k: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         cross = list(zip(cross_keys.unbind(0), cross_values.unbind(0), strict=True))
         empty = cross_keys[:, :, :, :0]  # [L, B, H, 0, Dh]
         past = list(zip(empty.unbind(0), empty.unbind(0), strict=True))
         logits, _, _ = self.model.decode(target_ids, past, cross, source_mask)
-        return torch.log_softmax(logits[:, -1], dim=-1)  # [B, V]
+        return _log_probs_and_top(logits, top_k)
 
 
 def _example_inputs(model: Transformer) -> dict[str, torch.Tensor]:
@@ -114,6 +129,7 @@ def _example_inputs(model: Transformer) -> dict[str, torch.Tensor]:
         "past_values": torch.randn(cache),
         "cross_keys": torch.randn(cross),
         "cross_values": torch.randn(cross),
+        "top_k": torch.tensor(4),
     }
 
 
@@ -138,69 +154,75 @@ def export_graphs(model: Transformer, out_dir: Path) -> list[str]:
     """Write the fp32 graphs; returns their file names."""
     model.eval()
     x = _example_inputs(model)
-    batch, _source, cache = (
-        {0: "batch", 1: "source"},
-        {1: "batch", 3: "past"},
-        {1: "batch", 3: "source"},
-    )
+    rows_by_source = {0: "batch", 1: "source"}
+    cross = {1: "batch", 3: "source"}
+    past = {1: "batch", 3: "past"}
     present = {1: "batch", 3: "past_plus_one"}
+    top = {0: "batch", 1: "k"}
     with torch.no_grad():
         _export(
             EncoderGraph(model),
             (x["source_ids"], x["source_mask"]),
             out_dir / "encoder.onnx",
             {"inputs": ["source_ids", "source_mask"], "outputs": ["cross_keys", "cross_values"]},
-            {"source_ids": batch, "source_mask": batch, "cross_keys": cache, "cross_values": cache},
+            {
+                "source_ids": rows_by_source,
+                "source_mask": rows_by_source,
+                "cross_keys": cross,
+                "cross_values": cross,
+            },
         )
+        step_inputs = ["target_ids", "past_keys", "past_values", "cross_keys", "cross_values"]
+        step_inputs += ["source_mask", "top_k"]
         _export(
             DecoderStepGraph(model),
-            (
-                x["target_step"],
-                x["past_keys"],
-                x["past_values"],
-                x["cross_keys"],
-                x["cross_values"],
-                x["source_mask"],
-            ),
+            tuple(x[name] for name in ["target_step", *step_inputs[1:]]),
             out_dir / "decoder.onnx",
             {
-                "inputs": [
-                    "target_ids",
-                    "past_keys",
-                    "past_values",
-                    "cross_keys",
-                    "cross_values",
-                    "source_mask",
+                "inputs": step_inputs,
+                "outputs": [
+                    "log_probs",
+                    "top_log_probs",
+                    "top_ids",
+                    "present_keys",
+                    "present_values",
+                    "alignment",
                 ],
-                "outputs": ["log_probs", "present_keys", "present_values", "alignment"],
             },
             {
                 "target_ids": {0: "batch"},
-                "past_keys": {1: "batch", 3: "past"},
-                "past_values": {1: "batch", 3: "past"},
-                "cross_keys": cache,
-                "cross_values": cache,
-                "source_mask": batch,
+                "past_keys": past,
+                "past_values": past,
+                "cross_keys": cross,
+                "cross_values": cross,
+                "source_mask": rows_by_source,
                 "log_probs": {0: "batch"},
+                "top_log_probs": top,
+                "top_ids": top,
                 "present_keys": present,
                 "present_values": present,
-                "alignment": batch,
+                "alignment": rows_by_source,
             },
         )
         _export(
             DecoderNoCacheGraph(model),
-            (x["target_prefix"], x["cross_keys"], x["cross_values"], x["source_mask"]),
+            tuple(
+                x[name]
+                for name in ["target_prefix", "cross_keys", "cross_values", "source_mask", "top_k"]
+            ),
             out_dir / "decoder_nocache.onnx",
             {
-                "inputs": ["target_ids", "cross_keys", "cross_values", "source_mask"],
-                "outputs": ["log_probs"],
+                "inputs": ["target_ids", "cross_keys", "cross_values", "source_mask", "top_k"],
+                "outputs": ["log_probs", "top_log_probs", "top_ids"],
             },
             {
                 "target_ids": {0: "batch", 1: "target"},
-                "cross_keys": cache,
-                "cross_values": cache,
-                "source_mask": batch,
+                "cross_keys": cross,
+                "cross_values": cross,
+                "source_mask": rows_by_source,
                 "log_probs": {0: "batch"},
+                "top_log_probs": top,
+                "top_ids": top,
             },
         )
     return ["encoder.onnx", "decoder.onnx", "decoder_nocache.onnx"]

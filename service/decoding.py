@@ -81,9 +81,10 @@ def greedy_search(
     feed = np.full(count, engine.start_id, dtype=np.int64)
 
     for step in range(int(limits.max())):
-        step_log_probs, step_alignment = engine.step(state, feed, options.alignment)  # [rows, V]
-        best = step_log_probs.argmax(axis=1)
-        log_probs[sentence_of_row] += step_log_probs[np.arange(len(best)), best]
+        result = engine.step(state, feed, top_k=1, want_alignment=options.alignment)
+        best = result.top_ids[:, 0]  # [rows]
+        step_alignment = result.alignment
+        log_probs[sentence_of_row] += result.top_log_probs[:, 0]
         produced[sentence_of_row] += 1
         for row, sentence in enumerate(sentence_of_row):
             if best[row] != engine.eos_id:
@@ -111,7 +112,7 @@ def greedy_search(
 
 
 def _top_candidates(candidates: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The `count` best entries of each row of candidates [m, K*V], best first."""
+    """The `count` best entries of each row of candidates [m, n], best first."""
     top = np.argpartition(-candidates, count - 1, axis=1)[:, :count]
     top_scores = np.take_along_axis(candidates, top, axis=1)
     order = np.argsort(-top_scores, axis=1, kind="stable")
@@ -146,16 +147,18 @@ def beam_search(
 
     for step in range(max(limits)):
         length = step + 1
-        step_log_probs, step_alignment = engine.step(state, feed, options.alignment)
-        vocab = step_log_probs.shape[1]
+        # Each beam's 2K best next tokens: a sentence's 2K best continuations are among them.
+        result = engine.step(state, feed, top_k=2 * width, want_alignment=options.alignment)
         live = len(alive)
         if options.alignment:
             padded = np.zeros((live * width, 1, source_width), dtype=np.float32)
-            padded[:, 0, : step_alignment.shape[1]] = step_alignment
+            padded[:, 0, : result.alignment.shape[1]] = result.alignment
             history = np.concatenate([history, padded], axis=1)
-        candidates = scores[:, :, None] + step_log_probs.reshape(live, width, vocab)
-        top, top_scores = _top_candidates(candidates.reshape(live, width * vocab), 2 * width)
-        top_origin, top_token = top // vocab, top % vocab
+        # candidates [live, K * 2K]: a beam's score plus the log-prob of one of its top tokens
+        candidates = scores[:, :, None] + result.top_log_probs.reshape(live, width, 2 * width)
+        top, top_scores = _top_candidates(candidates.reshape(live, -1), 2 * width)
+        top_origin = top // (2 * width)  # which beam of the sentence
+        top_token = result.top_ids.reshape(live, -1)[np.arange(live)[:, None], top]
 
         next_scores = np.full((live, width), -np.inf)
         next_rows = np.repeat(np.arange(live) * width, width)  # filler rows keep -inf scores

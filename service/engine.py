@@ -96,6 +96,14 @@ class DecoderState:
         )
 
 
+@dataclass
+class StepResult:
+    top_log_probs: np.ndarray | None = None  # [rows, k], best first
+    top_ids: np.ndarray | None = None  # [rows, k] int64
+    log_probs: np.ndarray | None = None  # [rows, V], only when asked for
+    alignment: np.ndarray | None = None  # [rows, S], only when asked for
+
+
 class Engine:
     """One bundle's encoder and decoder sessions."""
 
@@ -126,42 +134,57 @@ class Engine:
         return DecoderState(cross_keys, cross_values, source_mask, empty, empty, prefix)
 
     def step(
-        self, state: DecoderState, tokens: np.ndarray, want_alignment: bool = False
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+        self, state: DecoderState, tokens: np.ndarray, top_k: int, want_alignment: bool = False
+    ) -> StepResult:
         """Feed every row its next input token, tokens [rows] int64 (the start token first).
 
-        Updates the state's cache in place and returns the log-probs of the following token
-        [rows, V], and this step's cross-attention weights [rows, S] when asked for.
+        Updates the state's cache in place and returns each row's top_k next tokens with
+        their log-probs (selected in the graph, so [rows, V] never leaves it), and this step's
+        cross-attention weights [rows, S] when asked for.
         """
-        if not self.options.use_cache:
-            return self._step_without_cache(state, tokens), None
-        outputs = ["log_probs", "present_keys", "present_values"]
-        if want_alignment:
-            outputs.append("alignment")
-        results = self.decoder.run(
-            outputs,
-            {
-                "target_ids": tokens[:, None],
-                "past_keys": state.past_keys,
-                "past_values": state.past_values,
-                "cross_keys": state.cross_keys,
-                "cross_values": state.cross_values,
-                "source_mask": state.source_mask,
-            },
-        )
-        state.past_keys, state.past_values = results[1], results[2]
-        return results[0], (results[3] if want_alignment else None)
+        outputs = ["top_log_probs", "top_ids"]
+        return self._run(state, tokens, top_k, outputs, want_alignment)
 
-    def _step_without_cache(self, state: DecoderState, tokens: np.ndarray) -> np.ndarray:
-        """Recompute every position of the prefix: what decoding costs without the cache."""
-        state.prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)
-        (log_probs,) = self.decoder.run(
-            None,
-            {
+    def step_log_probs(
+        self, state: DecoderState, tokens: np.ndarray, want_alignment: bool = False
+    ) -> StepResult:
+        """Like step, but with the full log-probs [rows, V] (for checks against torch)."""
+        return self._run(state, tokens, 1, ["log_probs"], want_alignment)
+
+    def _run(
+        self,
+        state: DecoderState,
+        tokens: np.ndarray,
+        top_k: int,
+        outputs: list[str],
+        alignment: bool,
+    ) -> StepResult:
+        top_k_input = np.array(top_k, dtype=np.int64)
+        if not self.options.use_cache:
+            # Recompute every position of the prefix: what decoding costs without the cache.
+            state.prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)
+            feeds = {
                 "target_ids": state.prefix,
                 "cross_keys": state.cross_keys,
                 "cross_values": state.cross_values,
                 "source_mask": state.source_mask,
-            },
+                "top_k": top_k_input,
+            }
+            results = dict(zip(outputs, self.decoder.run(outputs, feeds), strict=True))
+            return StepResult(**results)
+        outputs = [*outputs, "present_keys", "present_values"] + (
+            ["alignment"] if alignment else []
         )
-        return log_probs
+        feeds = {
+            "target_ids": tokens[:, None],
+            "past_keys": state.past_keys,
+            "past_values": state.past_values,
+            "cross_keys": state.cross_keys,
+            "cross_values": state.cross_values,
+            "source_mask": state.source_mask,
+            "top_k": top_k_input,
+        }
+        results = dict(zip(outputs, self.decoder.run(outputs, feeds), strict=True))
+        state.past_keys = results.pop("present_keys")
+        state.past_values = results.pop("present_values")
+        return StepResult(**results)

@@ -64,3 +64,14 @@ def write_reverse_corpus(folder: Path, train_pairs: int = 3000, valid_pairs: int
 @pytest.fixture(scope="session")
 def reverse_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_reverse_corpus(tmp_path_factory.mktemp("reverse"))
+
+
+@pytest.fixture(scope="session")
+def fr_en_bundle(committed_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The committed model exported (fp32 and int8) once per test session: a few seconds."""
+    pytest.importorskip("torch", reason="exporting needs the export extra (torch)")
+    from export.onnx_export import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "fr-en"
+    export_bundle(committed_model, out, int8=True)
+    return out

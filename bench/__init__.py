@@ -1,0 +1,1 @@
+"""Benchmarks and reports: scripts that measure and write markdown under docs/."""

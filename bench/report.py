@@ -1,0 +1,23 @@
+"""docs/benchmarks.md is shared by several benchmark scripts: each owns one marked section."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BENCHMARKS = Path("docs/benchmarks.md")
+HEADER = "# Benchmarks\n\nEach section is written by the script its command names; rerun it to refresh.\n"
+
+
+def replace_section(key: str, markdown: str, path: Path = BENCHMARKS) -> None:
+    """Put `markdown` between this key's markers, replacing what was there, keeping the rest."""
+    start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
+    block = f"{start}\n{markdown.rstrip()}\n{end}"
+    text = path.read_text() if path.exists() else HEADER
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        _, after = rest.split(end, 1)
+        text = before + block + after
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

@@ -1,0 +1,95 @@
+"""Split a text into sentences, and put translated sentences back in the same layout.
+
+Why split at all: the model was trained on single sentences, and a sentence is the unit the
+scheduler batches; a long paragraph is several short batch items instead of one long one.
+
+The rules are deliberately small and predictable rather than clever:
+* a line break always ends a sentence;
+* inside a line, `.`, `!`, `?` or `…` (possibly followed by closing quotes or brackets), then
+  whitespace, then something that can start a sentence (an upper-case letter, a digit, an opening
+  quote or bracket, `¿`, `¡`) ends a sentence;
+* except after a common abbreviation (`M.`, `Mme.`, `Dr.`, ...) or a single-letter initial.
+
+The whitespace between sentences (spaces, newlines, blank lines) is kept exactly; whitespace
+before the first and after the last sentence is dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_LINE_BREAK = re.compile(r"(\s*\n\s*)")
+_END_OF_SENTENCE = re.compile(r"[.!?…]+[\"'»”’)\]]*(\s+)")
+_OPENERS = "«\"“‘'([¿¡-–—"
+# Titles and the like that end in a period but rarely end a sentence (lower case, no period).
+_ABBREVIATIONS = frozenset(
+    "m mm mme mmes mlle mlles dr drs pr prof me mgr st ste mr mrs ms jr sr cf vol no nos "
+    "p pp fig ch art av bd etc.al vs".split()
+)
+
+
+@dataclass(frozen=True)
+class SplitText:
+    """sentences[i] is followed by separators[i]; `join` restores the layout."""
+
+    sentences: list[str]
+    separators: list[str]
+
+    def join(self, translations: list[str]) -> str:
+        if len(translations) != len(self.sentences):
+            raise ValueError(f"{len(translations)} translations for {len(self.sentences)} sentences")
+        parts: list[str] = []
+        for index, translation in enumerate(translations):
+            parts.append(translation)
+            if index < len(self.separators):
+                parts.append(self.separators[index])
+        return "".join(parts)
+
+
+def split_sentences(text: str) -> SplitText:
+    sentences: list[str] = []
+    separators: list[str] = []
+    pieces = _LINE_BREAK.split(text.strip())  # line, break, line, break, ..., line
+    for position, piece in enumerate(pieces):
+        if position % 2 == 1:
+            separators.append(piece)
+            continue
+        line_sentences, line_separators = _split_line(piece)
+        sentences.extend(line_sentences)
+        separators.extend(line_separators)
+    if sentences == [""]:  # an empty or whitespace-only text has no sentence at all
+        return SplitText([], [])
+    return SplitText(sentences, separators)
+
+
+def _split_line(line: str) -> tuple[list[str], list[str]]:
+    sentences: list[str] = []
+    separators: list[str] = []
+    start = 0
+    for match in _END_OF_SENTENCE.finditer(line):
+        following = line[match.end() : match.end() + 1]
+        if not following or not _starts_sentence(following):
+            continue
+        if _is_abbreviation(line[start : match.start(1)]):
+            continue
+        sentences.append(line[start : match.start(1)])
+        separators.append(match.group(1))
+        start = match.end()
+    sentences.append(line[start:])
+    return sentences, separators
+
+
+def _starts_sentence(character: str) -> bool:
+    return character.isupper() or character.isdigit() or character in _OPENERS
+
+
+def _is_abbreviation(sentence_so_far: str) -> bool:
+    """Does the text end in "Dr." or "J." (a title or an initial) rather than a sentence?"""
+    words = sentence_so_far.split()
+    if not words or not words[-1].endswith("."):
+        return False
+    word = words[-1].rstrip(".")
+    if len(word) == 1 and word.isalpha():
+        return True
+    return word.lower() in _ABBREVIATIONS

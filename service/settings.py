@@ -1,0 +1,95 @@
+"""Every knob of the service, read from the environment (prefix `NMT_`), with safe defaults.
+
+One place, so that docs/service.md can list them all and an operator can see what a limit is
+called. The field descriptions are that documentation: keep them short and exact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="NMT_", extra="ignore")
+
+    # Models and engine
+    model_dir: Path = Field(
+        Path("build/models"),
+        description="folder holding one bundle per language pair (subfolders with a "
+        "bundle.json); a single bundle folder works too",
+    )
+    int8: bool = Field(False, description="serve the int8 graphs (bundles exported with --int8)")
+    threads: int = Field(
+        0, ge=0, description="ONNX Runtime intra-op threads per model (0 = one per core)"
+    )
+    warmup: bool = Field(True, description="translate a few sentences per model before ready")
+
+    # HTTP
+    host: str = Field("127.0.0.1", description="address `nmt serve` listens on")
+    port: int = Field(8000, ge=0, le=65535, description="port `nmt serve` listens on")
+    max_body_bytes: int = Field(
+        1_048_576, gt=0, description="largest request body; bigger ones get 413"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="log level of the JSON logs on stderr"
+    )
+    access_log: bool = Field(True, description="one JSON access log line per request")
+
+    # Request limits (422 past them)
+    max_texts_per_request: int = Field(64, gt=0, description="texts in one request")
+    max_chars_per_text: int = Field(5000, gt=0, description="characters in one text")
+    max_tokens_per_sentence: int = Field(
+        256,
+        gt=0,
+        description="SentencePiece tokens in one sentence after splitting, </s> included "
+        "(capped by each model's positions)",
+    )
+    max_beam_size: int = Field(8, gt=0, description="largest beam_size a client may ask for")
+    default_beam_size: int = Field(4, gt=0, description="beam_size when a request has none")
+    max_output_length: int = Field(
+        256, gt=0, description="largest max_length a client may ask for, and its default"
+    )
+    default_length_penalty: float = Field(
+        1.0, ge=0, description="length_penalty when a request has none"
+    )
+
+    # Dynamic batching and the queue
+    max_batch_size: int = Field(32, gt=0, description="sentences in one engine batch")
+    max_batch_tokens: int = Field(
+        4096, gt=0, description="source tokens in one engine batch (summed over its sentences)"
+    )
+    max_batch_wait_ms: float = Field(
+        5.0,
+        ge=0,
+        description="how long the oldest waiting sentence may wait for companions to fill a "
+        "batch",
+    )
+    max_queue_sentences: int = Field(
+        1024,
+        gt=0,
+        description="sentences waiting per model; a request that would overflow it gets 429",
+    )
+    retry_after_seconds: int = Field(1, ge=0, description="Retry-After sent with a 429")
+    request_timeout_seconds: float = Field(
+        30.0, gt=0, description="deadline of one translation request; past it, 504"
+    )
+    shutdown_timeout_seconds: float = Field(
+        30.0, gt=0, description="on SIGTERM, how long admitted requests may take to finish"
+    )
+
+    @model_validator(mode="after")
+    def _defaults_within_limits(self) -> Settings:
+        if self.default_beam_size > self.max_beam_size:
+            raise ValueError(
+                f"NMT_DEFAULT_BEAM_SIZE={self.default_beam_size} is above "
+                f"NMT_MAX_BEAM_SIZE={self.max_beam_size}"
+            )
+        return self
+
+    @property
+    def max_batch_wait_seconds(self) -> float:
+        return self.max_batch_wait_ms / 1000

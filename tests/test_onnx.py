@@ -1,0 +1,190 @@
+"""The exported graphs and the ONNX Runtime engine, against the torch model and reference."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from export.checkpoint import load_model_dir, save_model_dir  # noqa: E402
+from export.data import pad  # noqa: E402
+from export.decoding import beam_search as torch_beam_search  # noqa: E402
+from export.decoding import greedy_search as torch_greedy_search  # noqa: E402
+from export.model.config import ModelConfig  # noqa: E402
+from export.model.transformer import Transformer  # noqa: E402
+from export.onnx_export import export_bundle  # noqa: E402
+from export.tokenizer import train_sentencepiece  # noqa: E402
+from service.bundle import BundleError, load_bundle  # noqa: E402
+from service.decoding import SearchOptions, length_limit, search  # noqa: E402
+from service.engine import Engine, EngineOptions  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(reverse_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small random model with a real tokenizer; it favours </s> a little so that
+    hypotheses end at varied lengths (a random model otherwise never stops)."""
+    folder = tmp_path_factory.mktemp("tiny")
+    spm_model = train_sentencepiece(
+        [reverse_corpus / "train.src", reverse_corpus / "train.tgt"], folder / "spm", 400
+    )
+    torch.manual_seed(3)
+    config = ModelConfig(vocab_size=400, d_model=64, n_heads=4, ffn_dim=128, dropout=0.0)
+    model = Transformer(config).eval()
+    model.final_logits_bias[config.eos_id] = 2.0
+    save_model_dir(model, spm_model, folder / "model")
+    return folder / "model"
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "tiny"
+    export_bundle(tiny_checkpoint, out, int8=True)
+    return out
+
+
+def random_sources(count: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[*rng.integers(3, vocab, rng.integers(1, 12)).tolist(), 1] for _ in range(count)]
+
+
+def test_decoder_steps_match_torch_for_a_padded_batch(tiny_checkpoint: Path, tiny_bundle: Path):
+    model, _ = load_model_dir(tiny_checkpoint)
+    engine = Engine(load_bundle(tiny_bundle))
+    sources = random_sources(4, 400, seed=1)
+    source_ids = pad(sources, 0)
+    source_mask = source_ids != 0
+    assert not source_mask.all()  # the batch really is padded
+    steps = 12
+    targets = torch.randint(3, 400, (4, steps), generator=torch.Generator().manual_seed(2))
+    targets[:, 0] = 0  # decoder start
+    state = engine.start(source_ids.numpy(), source_mask.numpy())
+    with torch.no_grad():
+        cross = model.cross_keys_values(model.encode(source_ids, source_mask))
+        np.testing.assert_allclose(state.cross_keys[1], cross[1][0].numpy(), atol=1e-5)
+        past = model.empty_cache(4)
+        for step in range(steps):
+            logits, past, weights = model.decode(
+                targets[:, step : step + 1], past, cross, source_mask
+            )
+            expected = torch.log_softmax(logits[:, -1], dim=-1).numpy()
+            result = engine.step_log_probs(state, targets[:, step].numpy(), want_alignment=True)
+            assert np.abs(result.log_probs - expected).max() <= 1e-4, f"step {step}"
+            np.testing.assert_allclose(result.alignment, weights[:, -1].numpy(), atol=1e-5)
+            assert state.past_keys.shape[3] == step + 1
+
+
+def test_the_nocache_decoder_gives_the_same_log_probs(tiny_bundle: Path) -> None:
+    bundle = load_bundle(tiny_bundle)
+    cached, uncached = Engine(bundle), Engine(bundle, EngineOptions(use_cache=False))
+    sources = random_sources(3, 400, seed=4)
+    ids, mask = pad(sources, 0).numpy(), (pad(sources, 0) != 0).numpy()
+    state_a, state_b = cached.start(ids, mask), uncached.start(ids, mask)
+    tokens = np.zeros(3, dtype=np.int64)
+    for step in range(8):
+        a = cached.step_log_probs(state_a, tokens).log_probs
+        b = uncached.step_log_probs(state_b, tokens).log_probs
+        np.testing.assert_allclose(a, b, atol=1e-4)
+        tokens = np.random.default_rng(step).integers(3, 400, 3)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_engine_search_equals_the_torch_reference(tiny_checkpoint, tiny_bundle, beam_size) -> None:
+    model, _ = load_model_dir(tiny_checkpoint)
+    engine = Engine(load_bundle(tiny_bundle))
+    sources = random_sources(60, 400, seed=5)
+    options = SearchOptions(beam_size=beam_size, n_best=min(2, beam_size), max_length=30)
+    found = search(engine, sources, options)
+    lengths = {len(h.tokens) for hyps in found for h in hyps}
+    assert len(lengths) > 3  # outputs of many lengths, some ended by </s>, some by the limit
+    source_ids = pad(sources, 0)
+    if beam_size == 1:
+        expected = [[h] for h in torch_greedy_search(model, source_ids, source_ids != 0, 30)]
+    else:
+        expected = torch_beam_search(model, source_ids, source_ids != 0, beam_size, 1.0, 2, 30)
+    for ours, theirs in zip(found, expected, strict=True):
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.log_prob == pytest.approx(b.log_prob, abs=1e-3)
+            assert a.score == pytest.approx(b.score, abs=1e-3)
+
+
+def test_top_k_selected_in_the_graph_matches_the_full_log_probs(tiny_bundle: Path) -> None:
+    engine = Engine(load_bundle(tiny_bundle))
+    sources = random_sources(3, 400, seed=8)
+    ids, mask = pad(sources, 0).numpy(), (pad(sources, 0) != 0).numpy()
+    full = engine.step_log_probs(engine.start(ids, mask), np.zeros(3, dtype=np.int64)).log_probs
+    top = engine.step(engine.start(ids, mask), np.zeros(3, dtype=np.int64), top_k=8)
+    expected_ids = np.argsort(-full, axis=1, kind="stable")[:, :8]
+    np.testing.assert_array_equal(top.top_ids, expected_ids)
+    np.testing.assert_allclose(
+        top.top_log_probs, np.take_along_axis(full, expected_ids, 1), atol=1e-6
+    )
+
+
+def test_alignment_has_a_row_per_output_token(tiny_bundle: Path) -> None:
+    engine = Engine(load_bundle(tiny_bundle))
+    sources = random_sources(5, 400, seed=6)
+    for beam_size in (1, 3):
+        found = search(
+            engine, sources, SearchOptions(beam_size=beam_size, max_length=20, alignment=True)
+        )
+        for source, (best, *_) in zip(sources, found, strict=True):
+            limit = length_limit(len(source), 20, engine.max_positions)
+            rows = len(best.tokens) + (len(best.tokens) < limit)  # + the </s> step when it ended
+            assert best.alignment.shape == (rows, len(source))
+            np.testing.assert_allclose(best.alignment.sum(axis=1), 1.0, atol=1e-4)
+
+
+def test_int8_graphs_decode_close_to_fp32(tiny_bundle: Path) -> None:
+    bundle = load_bundle(tiny_bundle)
+    fp32, int8 = Engine(bundle), Engine(bundle, EngineOptions(int8=True))
+    assert (
+        bundle.graph("decoder", int8=True).stat().st_size
+        < 0.6 * bundle.graph("decoder").stat().st_size
+    )
+    sources = random_sources(4, 400, seed=7)
+    ids, mask = pad(sources, 0).numpy(), (pad(sources, 0) != 0).numpy()
+    a = fp32.step_log_probs(fp32.start(ids, mask), np.zeros(4, dtype=np.int64)).log_probs
+    b = int8.step_log_probs(int8.start(ids, mask), np.zeros(4, dtype=np.int64)).log_probs
+    assert np.abs(np.exp(a) - np.exp(b)).max() < 0.05  # quantized, so close but not equal
+
+
+def test_export_is_deterministic(tiny_checkpoint: Path, tiny_bundle: Path, tmp_path: Path) -> None:
+    again = export_bundle(tiny_checkpoint, tmp_path / "again", int8=True)
+    first = json.loads((tiny_bundle / "bundle.json").read_text())
+    assert again["files"] == first["files"]
+
+
+def test_a_bundle_whose_files_do_not_match_is_refused(tiny_bundle: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_bundle, copy)
+    load_bundle(copy)  # intact: accepted
+    with open(copy / "decoder.onnx", "r+b") as f:
+        f.seek(-10, 2)
+        f.write(b"0123456789")
+    with pytest.raises(BundleError, match=r"decoder.onnx has checksum"):
+        load_bundle(copy)
+    (copy / "encoder.onnx").unlink()
+    with pytest.raises(BundleError, match=r"encoder.onnx is missing"):
+        load_bundle(copy)
+    (copy / "bundle.json").unlink()
+    with pytest.raises(BundleError, match=r"bundle.json is missing"):
+        load_bundle(copy)
+
+
+def test_the_serving_side_never_imports_torch() -> None:
+    code = (
+        "import sys, pkgutil, importlib, service\n"
+        "for m in pkgutil.walk_packages(service.__path__, 'service.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "assert 'torch' not in sys.modules, 'service imported torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
