@@ -1,11 +1,13 @@
-# Two commands for a fresh clone: `make translate` (or `make serve`) and `make test`.
+# Two commands for a fresh clone: `make serve` and `make test`.
 # Each creates .venv and installs what it needs; nothing is installed by hand.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 MODEL ?= models/fr-en
+BUNDLES ?= build/models
+BUNDLE := $(BUNDLES)/$(notdir $(MODEL))
 
-.PHONY: translate test test-slow test-all lint clean
+.PHONY: serve translate bundle test test-slow test-all bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,9 +18,19 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[export,dev]'
 	touch $@
 
-## Translate stdin (one sentence a line) with the committed model, in order, to stdout.
-translate: $(VENV)/.dev-installed
-	@$(BIN)/nmt translate --checkpoint $(MODEL) --beam-size 4
+# The ONNX bundle is a build product: exported from the committed checkpoint when missing or older.
+$(BUNDLE)/bundle.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(VENV)/.dev-installed
+	$(BIN)/nmt export --checkpoint $(MODEL) --out $(BUNDLE) --int8
+
+bundle: $(BUNDLE)/bundle.json
+
+## Serve translations over HTTP from the committed model (http://127.0.0.1:8000, docs at /docs).
+serve: $(BUNDLE)/bundle.json
+	NMT_MODEL_DIR=$(BUNDLES) $(BIN)/nmt serve
+
+## Translate stdin (one sentence a line) to stdout, in order, on the ONNX engine.
+translate: $(BUNDLE)/bundle.json
+	@$(BIN)/nmt translate --model-dir $(BUNDLE) --beam-size 4
 
 ## The fast test suite (the default).
 test: $(VENV)/.dev-installed
