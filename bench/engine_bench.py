@@ -30,7 +30,9 @@ def pick_sentences(path: Path, tokenizer, count: int, min_tokens: int) -> list[l
     return chosen[:count]
 
 
-def time_configuration(translator: Translator, sources, options: SearchOptions, batch: int, repeat: int):
+def time_configuration(
+    translator: Translator, sources, options: SearchOptions, batch: int, repeat: int
+):
     """Median seconds over `repeat` runs, and the output tokens produced (</s> included)."""
     translator.translate_ids(sources[: min(batch, len(sources))], options, batch)  # warm-up
     seconds = []
@@ -42,11 +44,15 @@ def time_configuration(translator: Translator, sources, options: SearchOptions, 
     return statistics.median(seconds), tokens
 
 
-def run(bundle_dir: Path, data: Path, count: int, min_tokens: int, repeat: int, threads: int) -> list[dict]:
+def run(
+    bundle_dir: Path, data: Path, count: int, min_tokens: int, repeat: int, threads: int
+) -> list[dict]:
     bundle = load_bundle(bundle_dir)
     rows = []
     translators = {
-        (int8, cache): Translator(bundle, EngineOptions(int8=int8, use_cache=cache, intra_op_threads=threads))
+        (int8, cache): Translator(
+            bundle, EngineOptions(int8=int8, use_cache=cache, intra_op_threads=threads)
+        )
         for int8 in (False, True)
         for cache in (True, False)
     }
@@ -61,7 +67,10 @@ def run(bundle_dir: Path, data: Path, count: int, min_tokens: int, repeat: int, 
                         translators[int8, cache], sources, options, batch, repeat
                     )
                     results[cache] = (seconds, tokens)
-                    print(f"beam {beam} batch {batch} int8 {int8} cache {cache}: {seconds:.2f} s", flush=True)
+                    print(
+                        f"beam {beam} batch {batch} int8 {int8} cache {cache}: {seconds:.2f} s",
+                        flush=True,
+                    )
                 (cached_s, cached_t), (plain_s, plain_t) = results[True], results[False]
                 rows.append(
                     {
@@ -106,17 +115,25 @@ def write_report(rows: list[dict], sources, command: str, repeat: int, out: Path
 def main() -> None:
     from export.train_config import multi30k_dir  # only for the default data path (no torch)
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--bundle", type=Path, default=Path("build/fr-en"))
-    parser.add_argument("--data", type=Path, default=None, help="source file (default: test_2016_flickr.fr)")
+    parser.add_argument(
+        "--data", type=Path, default=None, help="source file (default: test_2016_flickr.fr)"
+    )
     parser.add_argument("--sentences", type=int, default=64)
-    parser.add_argument("--min-tokens", type=int, default=20, help="shortest source kept, in tokens")
+    parser.add_argument(
+        "--min-tokens", type=int, default=20, help="shortest source kept, in tokens"
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", type=Path, default=BENCHMARKS)
     args = parser.parse_args()
     data = args.data or multi30k_dir() / "test_2016_flickr.fr"
-    rows, sources = run(args.bundle, data, args.sentences, args.min_tokens, args.repeat, args.threads)
+    rows, sources = run(
+        args.bundle, data, args.sentences, args.min_tokens, args.repeat, args.threads
+    )
     command = (
         f"python -m bench.engine_bench --bundle {args.bundle} --sentences {args.sentences} "
         f"--min-tokens {args.min_tokens} --repeat {args.repeat}"

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 BENCHMARKS = Path("docs/benchmarks.md")
-HEADER = "# Benchmarks\n\nEach section is written by the script its command names; rerun it to refresh.\n"
+HEADER = (
+    "# Benchmarks\n\n"
+    "Each section is written by the script its command names; rerun it to refresh.\n"
+)
 
 
 def replace_section(key: str, markdown: str, path: Path = BENCHMARKS) -> None:

@@ -24,9 +24,9 @@ _END_OF_SENTENCE = re.compile(r"[.!?…]+[\"'»”’)\]]*(\s+)")
 _OPENERS = "«\"“‘'([¿¡-–—"
 # Titles and the like that end in a period but rarely end a sentence (lower case, no period).
 _ABBREVIATIONS = frozenset(
-    "m mm mme mmes mlle mlles dr drs pr prof me mgr st ste mr mrs ms jr sr cf vol no nos "
-    "p pp fig ch art av bd etc.al vs".split()
-)
+    ["m", "mm", "mme", "mmes", "mlle", "mlles", "dr", "drs", "pr", "prof", "mgr", "st", "ste",
+     "mr", "mrs", "ms", "jr", "sr", "cf", "vol", "pp", "fig", "vs"]
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,9 @@ class SplitText:
 
     def join(self, translations: list[str]) -> str:
         if len(translations) != len(self.sentences):
-            raise ValueError(f"{len(translations)} translations for {len(self.sentences)} sentences")
+            raise ValueError(
+                f"{len(translations)} translations for {len(self.sentences)} sentences"
+            )
         parts: list[str] = []
         for index, translation in enumerate(translations):
             parts.append(translation)
@@ -87,7 +89,7 @@ def _starts_sentence(character: str) -> bool:
 def _is_abbreviation(sentence_so_far: str) -> bool:
     """Does the text end in "Dr." or "J." (a title or an initial) rather than a sentence?"""
     words = sentence_so_far.split()
-    if not words or not words[-1].endswith("."):
+    if not words or not words[-1].endswith(".") or words[-1].endswith(".."):
         return False
     word = words[-1].rstrip(".")
     if len(word) == 1 and word.isalpha():

@@ -38,6 +38,11 @@ class Settings(BaseSettings):
         "info", description="log level of the JSON logs on stderr"
     )
     access_log: bool = Field(True, description="one JSON access log line per request")
+    cors_origins: str = Field(
+        "",
+        description="comma-separated origins allowed to call the API from a browser "
+        '(CORS), "*" for any; empty: same origin only',
+    )
 
     # Request limits (422 past them)
     max_texts_per_request: int = Field(64, gt=0, description="texts in one request")
@@ -65,8 +70,7 @@ class Settings(BaseSettings):
     max_batch_wait_ms: float = Field(
         5.0,
         ge=0,
-        description="how long the oldest waiting sentence may wait for companions to fill a "
-        "batch",
+        description="how long the oldest waiting sentence may wait for companions to fill a batch",
     )
     max_queue_sentences: int = Field(
         1024,

@@ -1,0 +1,148 @@
+"""The FastAPI application: wiring only. Routes live in routes.py and libretranslate.py, the work
+in pipeline.py (requests), scheduler.py (batching) and registry.py (models).
+
+Models load in a background thread after startup, so that /healthz answers at once and /readyz
+says 503 until every model is loaded and warm. On shutdown the schedulers finish what was
+admitted before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
+
+from service import libretranslate, routes
+from service.errors import (
+    ClientGone,
+    DeadlineExceeded,
+    InvalidInput,
+    NotReady,
+    QueueFull,
+    ServiceError,
+    ShuttingDown,
+    TranslationFailed,
+    UnknownPair,
+)
+from service.health import Lifecycle
+from service.metrics import Metrics, package_version
+from service.middleware import CLIENT_CLOSED_REQUEST, RequestContextMiddleware
+from service.pipeline import TranslationService
+from service.registry import ModelRegistry
+from service.settings import Settings
+
+log = logging.getLogger("nmt.app")
+
+STATUS_OF: list[tuple[type[ServiceError], int]] = [
+    (UnknownPair, 404),
+    (InvalidInput, 422),
+    (TranslationFailed, 422),
+    (QueueFull, 429),
+    (NotReady, 503),
+    (ShuttingDown, 503),
+    (DeadlineExceeded, 504),
+    (ClientGone, CLIENT_CLOSED_REQUEST),
+]
+
+
+def create_app(
+    settings: Settings | None = None, on_load_failed: Callable[[str], None] | None = None
+) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    lifecycle = Lifecycle(on_failed=on_load_failed)
+    registry = ModelRegistry(settings, metrics)
+    service = TranslationService(settings, registry, lifecycle)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = threading.Thread(
+            target=_load_models, args=(registry, lifecycle), name="nmt-load", daemon=True
+        )
+        loader.start()
+        yield
+        lifecycle.start_draining()
+        await asyncio.to_thread(loader.join, settings.shutdown_timeout_seconds)
+        await asyncio.to_thread(registry.close, settings.shutdown_timeout_seconds)
+        log.info("stopped: every admitted request was answered")
+
+    app = FastAPI(
+        title="nmt-serve",
+        version=package_version(),
+        description="Neural machine translation on ONNX Runtime, with dynamic batching. "
+        "Native API under /v1; LibreTranslate-compatible POST /translate.",
+        lifespan=lifespan,
+    )
+    app.state.settings, app.state.metrics, app.state.service = settings, metrics, service
+    app.include_router(routes.build_router(settings))
+    app.include_router(libretranslate.build_router(settings))
+    app.add_middleware(
+        RequestContextMiddleware,
+        metrics=metrics,
+        max_body_bytes=settings.max_body_bytes,
+        access_log_enabled=settings.access_log,
+        plain_error_paths=libretranslate.PATHS,
+    )
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=[o.strip() for o in settings.cors_origins.split(",") if o.strip()],
+            allow_methods=["GET", "POST"],
+            allow_headers=["Content-Type", "Authorization", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "Retry-After"],
+        )
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    return app
+
+
+def _load_models(registry: ModelRegistry, lifecycle: Lifecycle) -> None:
+    try:
+        registry.load_all()
+    except Exception as error:  # a bad bundle, a missing folder, an ONNX Runtime failure
+        log.error("could not load the models: %s", error)
+        lifecycle.mark_failed(f"could not load the models: {error}")
+        return
+    lifecycle.mark_ready()
+    log.info("ready", extra={"models": registry.pairs})
+
+
+async def _service_error(request: Request, error: Exception) -> JSONResponse:
+    status = next(code for kind, code in STATUS_OF if isinstance(error, kind))
+    request.state.error = str(error)
+    if isinstance(error, InvalidInput):
+        detail = [{"type": error.kind, "loc": list(error.location), "msg": error.message}]
+        return JSONResponse({"detail": detail}, status)
+    headers = {"Retry-After": str(error.retry_after)} if isinstance(error, QueueFull) else None
+    if isinstance(error, NotReady):
+        headers = {"Retry-After": "1"}
+    return JSONResponse({"detail": str(error)}, status, headers=headers)
+
+
+async def _validation_error(request: Request, error: Exception) -> JSONResponse:
+    """FastAPI's 422 body, minus the echo of the (possibly huge) input."""
+    assert isinstance(error, RequestValidationError)
+    detail = [
+        {key: value for key, value in problem.items() if key in ("type", "loc", "msg", "ctx")}
+        for problem in error.errors()
+    ]
+    request.state.error = "; ".join(str(problem["msg"]) for problem in detail)[:500]
+    return JSONResponse({"detail": _jsonable(detail)}, 422)
+
+
+def _jsonable(value: object) -> object:
+    """Error contexts may hold exceptions or other objects; make them strings."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)

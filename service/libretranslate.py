@@ -1,0 +1,249 @@
+"""A LibreTranslate-compatible `POST /translate` and `GET /languages`, so that existing
+LibreTranslate clients work unchanged against this server.
+
+It answers as LibreTranslate does: JSON or form bodies; `q` a string or a list of strings;
+`{"translatedText": str | [str]}` (plus `alternatives` when asked); errors as
+`{"error": "..."}` with LibreTranslate's status codes and wording (400 for anything wrong with
+the request, 429 "Slowdown: ...") and, beyond what LibreTranslate has, 503 and 504 as in the
+native API. Differences, by necessity: `format` "html" is refused (this server translates plain
+text), and `source` "auto" only works when a single source language translates into `target`
+(there is no language detection).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from service.decoding import SearchOptions
+from service.errors import (
+    ClientGone,
+    DeadlineExceeded,
+    InvalidInput,
+    NotReady,
+    QueueFull,
+    ServiceError,
+    ShuttingDown,
+    TranslationFailed,
+    UnknownPair,
+)
+from service.pipeline import TranslationService
+from service.routes import client_disconnected
+from service.settings import Settings
+
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
+    "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish",
+    "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
+    "zh": "Chinese",
+}  # fmt: skip
+
+PATHS = frozenset({"/translate"})
+
+
+class LibreError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        self.status, self.message, self.headers = status, message, headers
+        super().__init__(message)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.message}, self.status, headers=self.headers)
+
+
+def build_router(settings: Settings) -> APIRouter:
+    router = APIRouter(tags=["LibreTranslate compatible"])
+
+    @router.post(
+        "/translate",
+        summary="LibreTranslate-compatible translation (q, source, target)",
+        openapi_extra={
+            "requestBody": {
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["q", "source", "target"],
+                            "properties": {
+                                "q": {
+                                    "oneOf": [
+                                        {"type": "string"},
+                                        {"type": "array", "items": {"type": "string"}},
+                                    ]
+                                },
+                                "source": {"type": "string", "example": "fr"},
+                                "target": {"type": "string", "example": "en"},
+                                "format": {"type": "string", "enum": ["text"]},
+                                "alternatives": {"type": "integer", "minimum": 0},
+                                "api_key": {"type": "string"},
+                            },
+                        }
+                    },
+                    "application/x-www-form-urlencoded": {"schema": {"type": "object"}},
+                }
+            }
+        },
+    )
+    async def translate(request: Request) -> JSONResponse:
+        service: TranslationService = request.app.state.service
+        try:
+            fields = await _read_fields(request)
+            return await _translate(service, settings, request, fields)
+        except LibreError as error:
+            request.state.error = error.message
+            return error.response()
+        except ServiceError as error:
+            libre = _as_libre_error(error, service)
+            request.state.error = libre.message
+            return libre.response()
+
+    @router.get("/languages", summary="LibreTranslate-compatible list of languages")
+    async def languages(request: Request) -> list[dict[str, Any]]:
+        registry = request.app.state.service.registry
+        targets: dict[str, list[str]] = {}
+        for model in registry.models:
+            pair = (model.bundle.source_lang, model.bundle.target_lang)
+            targets.setdefault(pair[0], []).append(pair[1])
+        return [
+            {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": sorted(found)}
+            for code, found in sorted(targets.items())
+        ]
+
+    return router
+
+
+async def _read_fields(request: Request) -> dict[str, Any]:
+    """JSON, urlencoded or multipart form; query parameters fill in what the body lacks."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json" or content_type.endswith("+json"):
+        try:
+            data = json.loads(await request.body() or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise LibreError(400, "Invalid JSON format") from None
+        if not isinstance(data, dict):
+            raise LibreError(400, "Invalid JSON format")
+        return data
+    fields: dict[str, Any] = dict(request.query_params)
+    if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        form = await request.form()
+        fields.update({k: v for k, v in form.items() if isinstance(v, str)})
+        # Form bodies get LF line endings, as LibreTranslate does for its character limit.
+        if isinstance(fields.get("q"), str):
+            fields["q"] = "\n".join(fields["q"].splitlines())
+    return fields
+
+
+async def _translate(
+    service: TranslationService, settings: Settings, request: Request, fields: dict[str, Any]
+) -> JSONResponse:
+    q, source, target = fields.get("q"), fields.get("source"), fields.get("target")
+    for name, value in (("q", q), ("source", source), ("target", target)):
+        if not value:
+            raise LibreError(400, f"Invalid request: missing {name} parameter")
+    batch = isinstance(q, list)
+    texts = q if batch else [q]
+    if not all(isinstance(text, str) for text in texts):
+        raise LibreError(400, "Invalid request: q must be a string or a list of strings")
+    for name, value in (("source", source), ("target", target)):
+        if not isinstance(value, str):
+            raise LibreError(400, f"Invalid request: {name} must be a string")
+    if len(texts) > settings.max_texts_per_request:
+        raise LibreError(
+            400,
+            f"Invalid request: request ({len(texts)}) exceeds text limit "
+            f"({settings.max_texts_per_request})",
+        )
+    for text in texts:
+        if len(text) > settings.max_chars_per_text:
+            raise LibreError(
+                400,
+                f"Invalid request: request ({len(text)}) exceeds text limit "
+                f"({settings.max_chars_per_text})",
+            )
+    text_format = fields.get("format") or "text"
+    if text_format != "text":
+        raise LibreError(400, f"{text_format} format is not supported")
+    alternatives = _alternatives(fields.get("alternatives"), settings.max_beam_size - 1)
+
+    detected = None
+    if source == "auto":
+        source = _only_source_for(service, target)
+        detected = {"confidence": 100.0, "language": source}
+    model = service.model_for(source, target)
+    request.state.model = model.name
+    options = SearchOptions(
+        beam_size=max(settings.default_beam_size, alternatives + 1),
+        length_penalty=settings.default_length_penalty,
+        n_best=alternatives + 1,
+        max_length=settings.max_output_length,
+    )
+    result = await service.translate(model, texts, options, lambda: client_disconnected(request))
+    request.state.sentences = result.sentences
+    request.state.input_tokens = result.input_tokens
+    request.state.output_tokens = result.output_tokens
+
+    translated = [item.text for item in result.texts]
+    body: dict[str, Any] = {"translatedText": translated if batch else translated[0]}
+    if alternatives:
+        others = [[a.text for a in item.n_best[1:]] for item in result.texts]
+        body["alternatives"] = others if batch else others[0]
+    if detected:
+        body["detectedLanguage"] = [detected] * len(texts) if batch else detected
+    return JSONResponse(body)
+
+
+def _alternatives(value: Any, most: int) -> int:
+    if value in (None, ""):
+        return 0
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        raise LibreError(400, "Invalid request: alternatives parameter is not a number") from None
+    if not 0 <= count <= most:
+        raise LibreError(
+            400, f"Invalid request: alternatives must be between 0 and {most} (NMT_MAX_BEAM_SIZE)"
+        )
+    return count
+
+
+def _only_source_for(service: TranslationService, target: str) -> str:
+    sources = sorted(
+        m.bundle.source_lang for m in service.registry.models if m.bundle.target_lang == target
+    )
+    if len(sources) != 1:
+        raise LibreError(
+            400,
+            "auto is not supported: this server does not detect languages; give source "
+            f"(one of: {', '.join(sources) or 'none for this target'})",
+        )
+    return sources[0]
+
+
+def _as_libre_error(error: ServiceError, service: TranslationService) -> LibreError:
+    if isinstance(error, UnknownPair):
+        models = service.registry.models
+        sources = {m.bundle.source_lang for m in models}
+        targets = {m.bundle.target_lang for m in models}
+        if error.source_lang not in sources:
+            return LibreError(400, f"{error.source_lang} is not supported")
+        if error.target_lang not in targets:
+            return LibreError(400, f"{error.target_lang} is not supported")
+        return LibreError(
+            400,
+            f"{error.target_lang} is not available as a target language from {error.source_lang}",
+        )
+    if isinstance(error, InvalidInput):
+        return LibreError(400, f"Invalid request: {error.message}")
+    if isinstance(error, TranslationFailed):
+        return LibreError(400, f"Cannot translate text: {error}")
+    if isinstance(error, QueueFull):
+        return LibreError(429, f"Slowdown: {error}", {"Retry-After": str(error.retry_after)})
+    if isinstance(error, NotReady | ShuttingDown):
+        return LibreError(503, str(error))
+    if isinstance(error, DeadlineExceeded):
+        return LibreError(504, str(error))
+    if isinstance(error, ClientGone):
+        return LibreError(499, str(error))
+    return LibreError(400, str(error))

@@ -1,0 +1,158 @@
+"""What every HTTP request goes through, around the routes: its request id, the body size limit,
+the request metrics and the JSON access log line.
+
+A plain ASGI middleware (not Starlette's BaseHTTPMiddleware) so that the route still sees the
+client disconnect, which is how a request whose client went away gets its queued work dropped.
+Routes add what they learn (model, sentences, tokens) to `request.state`; the log line and the
+metrics read it from there when the answer is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.metrics import Metrics
+
+access_log = logging.getLogger("nmt.access")
+
+REQUEST_ID_HEADER = "x-request-id"
+_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+# Probes and scrapes hit these every few seconds; log them only when they fail.
+QUIET_ROUTES = {"/healthz", "/readyz", "/metrics"}
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away before the answer"
+
+
+def request_id_from(scope: Scope) -> str:
+    """The client's X-Request-ID when it is a sane token, else a fresh one."""
+    for name, value in scope.get("headers", []):
+        if name == b"x-request-id":
+            candidate = value.decode("latin-1").strip()
+            if _VALID_REQUEST_ID.match(candidate):
+                return candidate
+    return uuid.uuid4().hex
+
+
+class RequestContextMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        max_body_bytes: int,
+        access_log_enabled: bool = True,
+        plain_error_paths: frozenset[str] = frozenset(),
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.access_log_enabled = access_log_enabled
+        self.plain_error_paths = plain_error_paths  # LibreTranslate-style {"error": ...} bodies
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = request_id_from(scope)
+        state: dict[str, Any] = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        status = CLIENT_CLOSED_REQUEST  # unless a response starts
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        self.metrics.requests_in_progress.inc()
+        try:
+            replay = await self._read_body(scope, receive)
+            if replay is None:
+                await self._too_large(scope, send_with_id)
+            else:
+                await self.app(scope, replay, send_with_id)
+        except Exception:
+            status = 500
+            raise
+        finally:
+            self.metrics.requests_in_progress.dec()
+            seconds = time.perf_counter() - started
+            route = scope["route"].path if "route" in scope else "unmatched"
+            model = state.get("model", "")
+            self.metrics.observe_request(route, model, status, seconds)
+            if self.access_log_enabled and (status != 200 or route not in QUIET_ROUTES):
+                self._log(scope, state, route, status, seconds)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> Receive | None:
+        """Read the whole body up front, refusing it past the limit (None), and give the app a
+        `receive` that replays it and then passes through (to report the disconnect)."""
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # disconnected while sending
+                chunks_done: list[Message] = [message]
+                break
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(body)
+            if not message.get("more_body", False):
+                chunks_done = [{"type": "http.request", "body": b"".join(chunks)}]
+                break
+        pending = chunks_done
+
+        async def replay() -> Message:
+            if pending:
+                return pending.pop(0)
+            return await receive()
+
+        return replay
+
+    async def _too_large(self, scope: Scope, send: Send) -> None:
+        message = f"request body is larger than {self.max_body_bytes} bytes (NMT_MAX_BODY_BYTES)"
+        key = "error" if scope.get("path") in self.plain_error_paths else "detail"
+        body = json.dumps({key: message}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    def _log(
+        self, scope: Scope, state: dict[str, Any], route: str, status: int, seconds: float
+    ) -> None:
+        client = scope.get("client")
+        fields = {
+            "request_id": state["request_id"],
+            "method": scope.get("method"),
+            "path": scope.get("path"),
+            "route": route,
+            "status": status,
+            "latency_ms": round(seconds * 1000, 2),
+            "client": f"{client[0]}:{client[1]}" if client else None,
+        }
+        for key in ("model", "texts", "sentences", "input_tokens", "output_tokens", "error"):
+            if key in state:
+                fields[key] = state[key]
+        access_log.info("request", extra=fields)

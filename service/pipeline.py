@@ -1,0 +1,205 @@
+"""One translation request, from texts to results, through the model's batch scheduler:
+
+texts -> sentences (kept with their separators) -> token ids (checked against the per-sentence
+limit) -> one scheduler job -> hypotheses -> detokenized sentences -> texts in their layout.
+
+Used by both the native API and the LibreTranslate-compatible one; knows nothing of HTTP.
+Waiting is where cancellation happens: if the client goes away or the deadline passes first,
+the job's queued sentences are dropped and the request ends with ClientGone/DeadlineExceeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from service.decoding import Hypothesis, SearchOptions
+from service.errors import ClientGone, DeadlineExceeded, InvalidInput, TranslationFailed
+from service.health import Lifecycle
+from service.registry import LoadedModel, ModelRegistry
+from service.scheduler import SentenceFailed
+from service.sentences import SplitText, split_sentences
+from service.settings import Settings
+from service.tokenizer import BundleTokenizer
+
+WEIGHT_DECIMALS = 3
+# Longer requests are tokenized on a worker thread rather than on the event loop.
+TOKENIZE_INLINE_CHARS = 2000
+
+
+@dataclass
+class Alternative:
+    text: str
+    score: float
+
+
+@dataclass
+class SentenceAlignment:
+    """Cross-attention of one sentence: weights[i][j] is how much target token i attended to
+    source token j (rows: produced tokens, </s> included when the sentence ended with it)."""
+
+    source_tokens: list[str]
+    target_tokens: list[str]
+    weights: list[list[float]]
+
+
+@dataclass
+class TextResult:
+    text: str
+    score: float  # mean of its sentences' scores (0.0 for an empty text)
+    n_best: list[Alternative]  # best first; n_best[0] is `text`
+    alignment: list[SentenceAlignment] = field(default_factory=list)
+
+
+@dataclass
+class RequestResult:
+    model: str
+    texts: list[TextResult]
+    sentences: int
+    input_tokens: int  # source tokens fed to the encoder, </s> included
+    output_tokens: int  # tokens of the returned translations, </s> excluded
+
+
+class TranslationService:
+    """The door the routes go through: admission, model lookup and the request pipeline."""
+
+    def __init__(self, settings: Settings, registry: ModelRegistry, lifecycle: Lifecycle) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.lifecycle = lifecycle
+
+    def model_for(self, source_lang: str, target_lang: str) -> LoadedModel:
+        self.lifecycle.check_accepting()
+        return self.registry.get(source_lang, target_lang)
+
+    async def translate(
+        self,
+        model: LoadedModel,
+        texts: list[str],
+        options: SearchOptions,
+        client_gone: Callable[[], Awaitable[object]] | None = None,
+    ) -> RequestResult:
+        timeout = self.settings.request_timeout_seconds
+        deadline = time.monotonic() + timeout
+        splits = [split_sentences(text) for text in texts]
+        if sum(len(text) for text in texts) > TOKENIZE_INLINE_CHARS:  # keep the loop responsive
+            sources, owners = await asyncio.to_thread(_encode, model, splits)
+        else:
+            sources, owners = _encode(model, splits)
+        hypotheses = await self._run(model, sources, owners, options, deadline, client_gone)
+        return _assemble(model, splits, sources, hypotheses, options)
+
+    async def _run(
+        self,
+        model: LoadedModel,
+        sources: list[list[int]],
+        owners: list[int],
+        options: SearchOptions,
+        deadline: float,
+        client_gone: Callable[[], Awaitable[object]] | None,
+    ) -> list[list[Hypothesis]]:
+        if not sources:
+            return []
+        scheduler = model.scheduler
+        job = scheduler.submit(sources, options, deadline)
+        watcher = asyncio.ensure_future(client_gone()) if client_gone is not None else None
+        try:
+            waiting: set[asyncio.Future] = {job.future} | ({watcher} if watcher else set())
+            timeout = max(0.0, deadline - time.monotonic())
+            done, _ = await asyncio.wait(
+                waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        except asyncio.CancelledError:  # the server gave up on this request (forced shutdown)
+            scheduler.cancel(job, "cancelled")
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if job.future in done:
+            try:
+                return job.future.result()
+            except SentenceFailed as failure:
+                raise TranslationFailed(owners[failure.index], failure.reason) from failure
+            except DeadlineExceeded:  # the scheduler dropped it from the queue
+                raise DeadlineExceeded(self.settings.request_timeout_seconds) from None
+        if watcher is not None and watcher in done:
+            scheduler.cancel(job, "client_gone")
+            raise ClientGone("the client disconnected")
+        scheduler.cancel(job, "deadline")
+        raise DeadlineExceeded(self.settings.request_timeout_seconds)
+
+
+def _encode(model: LoadedModel, splits: list[SplitText]) -> tuple[list[list[int]], list[int]]:
+    """Every sentence's ids, and the index of the text each belongs to."""
+    sentences = [sentence for split in splits for sentence in split.sentences]
+    owners = [index for index, split in enumerate(splits) for _ in split.sentences]
+    sources = model.translator.tokenizer.encode(sentences) if sentences else []
+    limit = model.max_tokens_per_sentence
+    for position, ids in enumerate(sources):
+        if len(ids) > limit:
+            text = owners[position]
+            number = position - owners.index(text)
+            raise InvalidInput(
+                ("body", "text", text),
+                f"text[{text}], sentence {number + 1}, has {len(ids)} tokens; the limit is "
+                f"{limit} tokens per sentence (NMT_MAX_TOKENS_PER_SENTENCE): split it into "
+                "shorter sentences",
+                "too_many_tokens",
+            )
+    return sources, owners
+
+
+def _assemble(
+    model: LoadedModel,
+    splits: list[SplitText],
+    sources: list[list[int]],
+    hypotheses: list[list[Hypothesis]],
+    options: SearchOptions,
+) -> RequestResult:
+    tokenizer = model.translator.tokenizer
+    results: list[TextResult] = []
+    position = 0
+    for split in splits:
+        count = len(split.sentences)
+        mine = hypotheses[position : position + count]
+        mine_sources = sources[position : position + count]
+        position += count
+        if not mine:  # an empty or blank text
+            results.append(TextResult("", 0.0, [Alternative("", 0.0)] * options.n_best))
+            continue
+        n_best = []
+        for rank in range(max(len(h) for h in mine)):
+            # The k-th alternative of a text joins the k-th alternative of each sentence.
+            chosen = [h[min(rank, len(h) - 1)] for h in mine]
+            text = split.join([tokenizer.decode(h.tokens) for h in chosen])
+            n_best.append(Alternative(text, sum(h.score for h in chosen) / len(chosen)))
+        alignment = (
+            [_alignment(tokenizer, s, h[0]) for s, h in zip(mine_sources, mine, strict=True)]
+            if options.alignment
+            else []
+        )
+        results.append(TextResult(n_best[0].text, n_best[0].score, n_best, alignment))
+    return RequestResult(
+        model=model.name,
+        texts=results,
+        sentences=len(sources),
+        input_tokens=sum(len(s) for s in sources),
+        output_tokens=sum(len(h[0].tokens) for h in hypotheses),
+    )
+
+
+def _alignment(
+    tokenizer: BundleTokenizer, source: list[int], best: Hypothesis
+) -> SentenceAlignment:
+    weights = best.alignment
+    rows = 0 if weights is None else weights.shape[0]
+    target_pieces = tokenizer.target_pieces(best.tokens)
+    if rows > len(target_pieces):  # the last step produced </s>
+        target_pieces = [*target_pieces, "</s>"]
+    return SentenceAlignment(
+        source_tokens=tokenizer.source_pieces(source),
+        target_tokens=target_pieces[:rows],
+        weights=[] if weights is None else weights.astype(float).round(WEIGHT_DECIMALS).tolist(),
+    )

@@ -1,0 +1,319 @@
+"""Dynamic batching: sentences of concurrent requests share one engine batch.
+
+One `BatchScheduler` per model owns a queue and one worker thread. The event loop only
+appends to the queue and awaits futures; the worker thread takes the oldest sentence, gathers
+the queued sentences that share its `SearchOptions` (the engine can only batch rows decoded the
+same way), up to `max_sentences` and `max_tokens`, waiting at most `max_wait` after the oldest
+one arrived for companions, and runs them as one batch. While it decodes, new sentences pile up,
+so under load batches fill by themselves and nobody waits for the timer.
+
+Each request is a `Job`: its results come back in its own order whatever batches its sentences
+landed in. A job that is cancelled (client gone) or past its deadline leaves the queue at once.
+If a batch fails, its sentences are retried one by one so that only the culprit's job fails.
+
+Knows nothing of HTTP: it raises `QueueFull`, `ShuttingDown` and `DeadlineExceeded`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from service.decoding import Hypothesis, SearchOptions
+from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
+
+log = logging.getLogger("nmt.scheduler")
+
+BatchRunner = Callable[[list[list[int]], SearchOptions], list[list[Hypothesis]]]
+
+
+class BatchObserver(Protocol):
+    """What the scheduler reports (implemented by metrics.Metrics)."""
+
+    def observe_queue_depth(self, model: str, depth: int) -> None: ...
+
+    def observe_batch(
+        self,
+        model: str,
+        waits: list[float],
+        input_tokens: int,
+        output_tokens: int,
+        steps: int,
+        seconds: float,
+    ) -> None: ...
+
+    def observe_batch_failure(self, model: str) -> None: ...
+
+    def observe_dropped(self, model: str, reason: str, count: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_sentences: int = 32
+    max_tokens: int = 4096
+    max_wait: float = 0.005  # seconds
+    max_queued: int = 1024  # sentences waiting (not counting the batch being decoded)
+    retry_after: int = 1  # seconds, told to clients refused with QueueFull
+
+
+class SentenceFailed(Exception):
+    """The engine failed on one sentence of a job, even alone in its batch."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        self.index, self.reason = index, reason
+        super().__init__(f"sentence {index}: {reason}")
+
+
+class Job:
+    """One request's sentences. `future` resolves on the submitting event loop with one
+    hypothesis list per sentence, in order, or with the exception that ended the job."""
+
+    def __init__(
+        self,
+        sources: list[list[int]],
+        options: SearchOptions,
+        deadline: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.sources = sources
+        self.options = options
+        self.deadline = deadline  # time.monotonic() value
+        self.timeout = deadline - time.monotonic()
+        self.results: list[list[Hypothesis] | None] = [None] * len(sources)
+        self.remaining = len(sources)
+        self.closed = False  # finished, failed or cancelled: no more work (under the lock)
+        self.future: asyncio.Future[list[list[Hypothesis]]] = loop.create_future()
+        self._loop = loop
+
+    def settle(self, outcome: list[list[Hypothesis]] | BaseException) -> None:
+        """Resolve the future from any thread; a future already cancelled is left alone."""
+
+        def resolve() -> None:
+            if self.future.done():
+                return
+            if isinstance(outcome, BaseException):
+                self.future.set_exception(outcome)
+            else:
+                self.future.set_result(outcome)
+
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+            self._loop.call_soon_threadsafe(resolve)
+
+
+@dataclass
+class _Item:
+    job: Job
+    index: int
+    enqueued: float
+    tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = len(self.job.sources[self.index])
+
+
+class BatchScheduler:
+    def __init__(
+        self,
+        model: str,
+        run_batch: BatchRunner,
+        limits: BatchLimits,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self.model = model
+        self.limits = limits
+        self._run_batch = run_batch
+        self._observer = observer
+        self._queue: deque[_Item] = deque()
+        self._lock = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._work, name=f"nmt-batch-{model}", daemon=True)
+
+    # Event-loop side: quick, never waits for the model.
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def submit(self, sources: list[list[int]], options: SearchOptions, deadline: float) -> Job:
+        """Queue a request's sentences. A request larger than the whole queue is still admitted
+        when the queue is empty, so that every valid request can be served eventually."""
+        job = Job(sources, options, deadline, asyncio.get_running_loop())
+        if not sources:
+            job.closed = True
+            job.settle([])
+            return job
+        with self._lock:
+            if self._closing:
+                raise ShuttingDown("the server is shutting down: no new work is accepted")
+            queued = len(self._queue)
+            if queued and queued + len(sources) > self.limits.max_queued:
+                raise QueueFull(self.model, queued, self.limits.max_queued, self.limits.retry_after)
+            now = time.monotonic()
+            self._queue.extend(_Item(job, index, now) for index in range(len(sources)))
+            self._report_depth()
+            self._lock.notify()
+        return job
+
+    def cancel(self, job: Job, reason: str) -> None:
+        """Drop a job's queued sentences (client gone, deadline passed); its future is cancelled."""
+        with self._lock:
+            dropped = self._close_job(job) if not job.closed else 0
+        job.future.cancel()
+        self._report_dropped(reason, dropped)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new work, finish what is queued, then stop the worker."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # Worker-thread side.
+
+    def _work(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            try:
+                self._run(batch)
+            except Exception as error:  # a bug here must not kill the worker: fail the batch
+                log.exception("batch worker error")
+                for item in batch:
+                    self._fail(item, error)
+
+    def _next_batch(self) -> list[_Item] | None:
+        with self._lock:
+            while True:
+                self._drop_expired()
+                if not self._queue:
+                    if self._closing:
+                        return None
+                    self._lock.wait()
+                    continue
+                head = self._queue[0]
+                batch, full = self._gather(head.job.options)
+                wait_left = head.enqueued + self.limits.max_wait - time.monotonic()
+                if full or wait_left <= 0 or self._closing:
+                    taken = {id(item) for item in batch}
+                    self._queue = deque(i for i in self._queue if id(i) not in taken)
+                    self._report_depth()
+                    return batch
+                self._lock.wait(wait_left)
+
+    def _gather(self, options: SearchOptions) -> tuple[list[_Item], bool]:
+        """The oldest queued sentences decoded with `options`, within the batch limits.
+        `full` is True when the limits, not the queue, ended the batch."""
+        batch: list[_Item] = []
+        tokens = 0
+        for item in self._queue:
+            if item.job.options != options:
+                continue
+            if batch and tokens + item.tokens > self.limits.max_tokens:
+                return batch, True
+            batch.append(item)
+            tokens += item.tokens
+            if len(batch) >= self.limits.max_sentences:
+                return batch, True
+        return batch, False
+
+    def _run(self, batch: list[_Item]) -> None:
+        batch = [item for item in batch if not item.job.closed]  # cancelled since gathered
+        if not batch:
+            return
+        options = batch[0].job.options
+        try:
+            self._translate(batch, options)
+        except Exception as error:  # the engine failed: find out which sentence it was
+            if self._observer:
+                self._observer.observe_batch_failure(self.model)
+            if len(batch) == 1:
+                self._fail(batch[0], error)
+                return
+            log.warning(
+                "batch of %d sentences failed (%s); retrying them one by one", len(batch), error
+            )
+            for item in batch:
+                if item.job.closed:
+                    continue
+                try:
+                    self._translate([item], options)
+                except Exception as single_error:
+                    self._fail(item, single_error)
+
+    def _translate(self, batch: list[_Item], options: SearchOptions) -> None:
+        started = time.monotonic()
+        sources = [item.job.sources[item.index] for item in batch]
+        results = self._run_batch(sources, options)
+        seconds = time.monotonic() - started
+        if self._observer:
+            self._observer.observe_batch(
+                self.model,
+                waits=[started - item.enqueued for item in batch],
+                input_tokens=sum(len(s) for s in sources),
+                output_tokens=sum(len(r[0].tokens) for r in results),
+                steps=max(len(h.tokens) + 1 for r in results for h in r),
+                seconds=seconds,
+            )
+        finished: list[Job] = []
+        with self._lock:
+            for item, hypotheses in zip(batch, results, strict=True):
+                job = item.job
+                if job.closed:
+                    continue
+                job.results[item.index] = hypotheses
+                job.remaining -= 1
+                if job.remaining == 0:
+                    job.closed = True
+                    finished.append(job)
+        for job in finished:
+            job.settle(job.results)  # type: ignore[arg-type]  # every slot is filled now
+
+    def _fail(self, item: _Item, error: Exception) -> None:
+        log.warning("engine failed on one sentence (%d tokens): %s", item.tokens, error)
+        with self._lock:
+            if item.job.closed:
+                return
+            dropped = self._close_job(item.job)
+        self._report_dropped("failed_job", dropped)
+        item.job.settle(SentenceFailed(item.index, _short(error)))
+
+    # Under the lock.
+
+    def _close_job(self, job: Job) -> int:
+        """Mark a job closed and drop its queued sentences; returns how many were dropped."""
+        job.closed = True
+        before = len(self._queue)
+        self._queue = deque(item for item in self._queue if item.job is not job)
+        self._report_depth()
+        return before - len(self._queue)
+
+    def _drop_expired(self) -> None:
+        now = time.monotonic()
+        expired = {id(i.job): i.job for i in self._queue if i.job.deadline <= now}
+        for job in expired.values():
+            dropped = self._close_job(job)
+            self._report_dropped("deadline", dropped)
+            job.settle(DeadlineExceeded(job.timeout))
+
+    def _report_depth(self) -> None:
+        if self._observer:
+            self._observer.observe_queue_depth(self.model, len(self._queue))
+
+    def _report_dropped(self, reason: str, count: int) -> None:
+        if self._observer:
+            self._observer.observe_dropped(self.model, reason, count)
+
+
+def _short(error: Exception, limit: int = 300) -> str:
+    """Engine errors can be long (ONNX Runtime stack details): keep the first line, bounded."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"

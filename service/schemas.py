@@ -1,0 +1,212 @@
+"""Request and response bodies of the native API (`/v1/...`), as pydantic models.
+
+The request model is built from the settings, so that its limits are the configured ones and
+show in the OpenAPI schema (/docs). A value past a limit is a 422 whose message names the field
+and the limit (pydantic's own wording for numbers, ours for the texts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from service.decoding import SearchOptions
+from service.pipeline import RequestResult
+from service.settings import Settings
+
+MAX_LANG_CODE = 16
+
+
+class TranslateRequestBase(BaseModel):
+    """Fields and behaviour shared by every configured variant of the request model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | list[str]
+    source_lang: str
+    target_lang: str
+    beam_size: int
+    max_length: int
+    n_best: int
+    length_penalty: float
+    return_scores: bool
+    return_alignment: bool
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.text] if isinstance(self.text, str) else list(self.text)
+
+    def search_options(self) -> SearchOptions:
+        return SearchOptions(
+            beam_size=self.beam_size,
+            length_penalty=self.length_penalty,
+            n_best=self.n_best,
+            max_length=self.max_length,
+            alignment=self.return_alignment,
+        )
+
+
+def translate_request_model(settings: Settings) -> type[TranslateRequestBase]:
+    """The request model with this server's limits and defaults."""
+    max_texts, max_chars = settings.max_texts_per_request, settings.max_chars_per_text
+
+    class TranslateRequest(TranslateRequestBase):
+        model_config = ConfigDict(
+            extra="forbid",
+            json_schema_extra={
+                "examples": [
+                    {
+                        "text": "Un homme fait du vélo. Il pleut.",
+                        "source_lang": "fr",
+                        "target_lang": "en",
+                        "beam_size": settings.default_beam_size,
+                        "return_scores": True,
+                    }
+                ]
+            },
+        )
+
+        text: str | list[str] = Field(
+            description=f"one text or a list of up to {max_texts} texts "
+            f"(NMT_MAX_TEXTS_PER_REQUEST), each at most {max_chars} characters "
+            "(NMT_MAX_CHARS_PER_TEXT); several sentences are split and rejoined",
+        )
+        source_lang: str = Field(min_length=1, max_length=MAX_LANG_CODE, examples=["fr"])
+        target_lang: str = Field(min_length=1, max_length=MAX_LANG_CODE, examples=["en"])
+        beam_size: int = Field(
+            settings.default_beam_size,
+            ge=1,
+            le=settings.max_beam_size,
+            description="1 = greedy (NMT_MAX_BEAM_SIZE caps it)",
+        )
+        max_length: int = Field(
+            settings.max_output_length,
+            ge=1,
+            le=settings.max_output_length,
+            description="most tokens per translated sentence (NMT_MAX_OUTPUT_LENGTH caps it)",
+        )
+        n_best: int = Field(
+            1,
+            ge=1,
+            le=settings.max_beam_size,
+            description="alternatives per text, best first; at most beam_size",
+        )
+        length_penalty: float = Field(
+            settings.default_length_penalty,
+            ge=0.0,
+            le=10.0,
+            description="hypotheses are ranked by log-prob / length ** length_penalty",
+        )
+        return_scores: bool = Field(False, description="add each translation's score")
+        return_alignment: bool = Field(
+            False, description="add per-sentence cross-attention (source x target weights)"
+        )
+
+        @field_validator("text")
+        @classmethod
+        def _within_text_limits(cls, value: str | list[str]) -> str | list[str]:
+            texts = [value] if isinstance(value, str) else value
+            if len(texts) > max_texts:
+                raise PydanticCustomError(
+                    "too_many_texts",
+                    "text has {count} texts; the limit is {limit} texts per request "
+                    "(NMT_MAX_TEXTS_PER_REQUEST)",
+                    {"count": len(texts), "limit": max_texts},
+                )
+            for index, text in enumerate(texts):
+                if len(text) > max_chars:
+                    where = "text" if isinstance(value, str) else f"text[{index}]"
+                    raise PydanticCustomError(
+                        "text_too_long",
+                        "{where} has {count} characters; the limit is {limit} characters per "
+                        "text (NMT_MAX_CHARS_PER_TEXT)",
+                        {"where": where, "count": len(text), "limit": max_chars},
+                    )
+            return value
+
+        @model_validator(mode="after")
+        def _n_best_within_beam(self) -> TranslateRequest:
+            if self.n_best > self.beam_size:
+                raise PydanticCustomError(
+                    "n_best_above_beam_size",
+                    "n_best ({n_best}) must be at most beam_size ({beam_size})",
+                    {"n_best": self.n_best, "beam_size": self.beam_size},
+                )
+            return self
+
+    return TranslateRequest
+
+
+class Alternative(BaseModel):
+    text: str
+    score: float
+
+
+class Alignment(BaseModel):
+    source_tokens: list[str] = Field(description="source pieces, </s> included")
+    target_tokens: list[str] = Field(description="produced pieces (rows of weights)")
+    weights: list[list[float]] = Field(
+        description="weights[i][j]: attention of target token i on source token j"
+    )
+
+
+class Translation(BaseModel):
+    text: str
+    score: float | None = Field(
+        None, description="log-prob / length ** length_penalty (mean over sentences)"
+    )
+    n_best: list[Alternative] | None = Field(None, description="when n_best > 1, best first")
+    alignment: list[Alignment] | None = Field(None, description="one entry per sentence")
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class TranslateResponse(BaseModel):
+    model: str
+    translations: list[Translation]
+    usage: Usage
+
+    @classmethod
+    def from_result(cls, result: RequestResult, request: TranslateRequestBase) -> TranslateResponse:
+        translations = []
+        for item in result.texts:
+            translation = Translation(text=item.text)
+            if request.return_scores:
+                translation.score = round(item.score, 6)
+            if request.n_best > 1:
+                translation.n_best = [
+                    Alternative(text=a.text, score=round(a.score, 6)) for a in item.n_best
+                ]
+            if request.return_alignment:
+                translation.alignment = [Alignment(**vars(a)) for a in item.alignment]
+            translations.append(translation)
+        return cls(
+            model=result.model,
+            translations=translations,
+            usage=Usage(input_tokens=result.input_tokens, output_tokens=result.output_tokens),
+        )
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    source_lang: str
+    target_lang: str
+    precision: str
+    max_tokens_per_sentence: int
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelInfo]
+
+
+class Problem(BaseModel):
+    """FastAPI's conventional error body."""
+
+    detail: Any

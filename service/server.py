@@ -1,0 +1,80 @@
+"""`nmt serve`: run the app under uvicorn, with a graceful SIGTERM.
+
+On SIGTERM (or Ctrl-C) the server turns not-ready and refuses new translations with 503,
+uvicorn stops accepting connections and waits for the requests in flight (at most
+NMT_SHUTDOWN_TIMEOUT_SECONDS), the schedulers finish their queues, and the process exits 0.
+If the models cannot be loaded, it exits 1 with the reason in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from types import FrameType
+
+import uvicorn
+
+from service.app import create_app
+from service.logging_setup import configure_logging
+from service.settings import Settings
+
+log = logging.getLogger("nmt.server")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the app to drain as soon as the signal arrives (uvicorn
+    itself only tells the app at the very end, through the lifespan shutdown)."""
+
+    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_signal = on_signal
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            log.info("signal %s: finishing admitted requests, then exiting", sig)
+            self._on_signal()
+        super().handle_exit(sig, frame)
+
+
+def serve(settings: Settings | None = None) -> int:
+    settings = settings or Settings()
+    configure_logging(settings.log_level)
+    failure: list[str] = []
+    server: _Server | None = None
+
+    def load_failed(reason: str) -> None:
+        failure.append(reason)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, on_load_failed=load_failed)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,  # keep our JSON logging
+        access_log=False,  # our middleware writes the access log
+        timeout_graceful_shutdown=settings.shutdown_timeout_seconds,
+        lifespan="on",
+    )
+    server = _Server(config, on_signal=app.state.service.lifecycle.start_draining)
+    # uvicorn raises the captured signal again once it has shut down; by then every admitted
+    # request has been answered, so that second delivery must be a no-op (exit status 0), not
+    # the default action (death by SIGTERM).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    log.info(
+        "starting",
+        extra={"host": settings.host, "port": settings.port, "model_dir": str(settings.model_dir)},
+    )
+    server.run()
+    if failure:
+        log.error("exiting: %s", failure[0])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # `python -m service.server`: the same as `nmt serve`
+    sys.exit(serve())

@@ -1,0 +1,185 @@
+"""The LibreTranslate-compatible routes answer as LibreTranslate does: same fields, same error
+bodies and status codes, JSON and form bodies alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.bundle import load_bundle
+from service.decoding import SearchOptions
+from service.engine import EngineOptions
+from service.settings import Settings
+from service.translator import Translator
+from tests.test_http_api import pair_bundle, start
+
+SETTINGS = {
+    "max_texts_per_request": 3,
+    "max_chars_per_text": 200,
+    "max_tokens_per_sentence": 30,
+    "max_beam_size": 4,
+    "default_beam_size": 2,
+    "max_output_length": 40,
+    "max_body_bytes": 3000,
+    "threads": 1,
+}
+# What /translate decodes with when no alternatives are asked for.
+DEFAULT = SearchOptions(beam_size=2, max_length=40)
+
+
+@pytest.fixture(scope="module")
+def client(fr_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    folder = tmp_path_factory.mktemp("models")
+    (folder / "fr-en").symlink_to(fr_en_bundle, target_is_directory=True)
+    pair_bundle(fr_en_bundle, folder / "en-de", "en", "de")
+    client = start(Settings(model_dir=folder, **SETTINGS))
+    yield client
+    client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def translator(fr_en_bundle: Path) -> Translator:
+    return Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
+
+
+def expected(translator: Translator, texts: list[str], options: SearchOptions = DEFAULT):
+    return [t.text for t in translator.translate(texts, options)]
+
+
+def test_json_string(client: TestClient, translator: Translator):
+    response = client.post(
+        "/translate", json={"q": "Un chat dort.", "source": "fr", "target": "en"}
+    )
+    assert response.status_code == 200
+    assert response.json() == {"translatedText": expected(translator, ["Un chat dort."])[0]}
+
+
+def test_json_list_keeps_order(client: TestClient, translator: Translator):
+    texts = ["Un chat dort.", "Deux chiens jouent.", "Il pleut."]
+    response = client.post(
+        "/translate", json={"q": texts, "source": "fr", "target": "en", "format": "text"}
+    )
+    assert response.json() == {"translatedText": expected(translator, texts)}
+
+
+def test_urlencoded_form(client: TestClient, translator: Translator):
+    response = client.post(
+        "/translate", data={"q": "Un chat dort.", "source": "fr", "target": "en", "api_key": ""}
+    )
+    assert response.status_code == 200
+    assert response.json() == {"translatedText": expected(translator, ["Un chat dort."])[0]}
+
+
+def test_multipart_form(client: TestClient, translator: Translator):
+    response = client.post(
+        "/translate",
+        data={"q": "Un chat dort.", "source": "fr", "target": "en"},
+        files={"unused": ("a.txt", b"ignored")},
+    )
+    assert response.status_code == 200
+    assert response.json() == {"translatedText": expected(translator, ["Un chat dort."])[0]}
+
+
+def test_alternatives(client: TestClient, translator: Translator):
+    response = client.post(
+        "/translate", json={"q": "Un chat dort.", "source": "fr", "target": "en", "alternatives": 2}
+    )
+    body = response.json()
+    options = SearchOptions(beam_size=3, n_best=3, max_length=40)
+    (best,) = translator.translate(["Un chat dort."], options)
+    assert body["translatedText"] == best.text
+    assert body["alternatives"] == [
+        translator.tokenizer.decode(h.tokens) for h in best.hypotheses[1:]
+    ]
+    batch = client.post(
+        "/translate",
+        json={"q": ["Un.", "Deux."], "source": "fr", "target": "en", "alternatives": 1},
+    ).json()
+    assert len(batch["alternatives"]) == 2 and all(len(a) == 1 for a in batch["alternatives"])
+
+
+def test_auto_source_uses_the_only_source_for_the_target(client: TestClient):
+    body = client.post("/translate", json={"q": "Un chat.", "source": "auto", "target": "en"})
+    assert body.json()["detectedLanguage"] == {"confidence": 100.0, "language": "fr"}
+
+
+def test_languages(client: TestClient):
+    assert client.get("/languages").json() == [
+        {"code": "en", "name": "English", "targets": ["de"]},
+        {"code": "fr", "name": "French", "targets": ["en"]},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error"),
+    [
+        ({"source": "fr", "target": "en"}, 400, "Invalid request: missing q parameter"),
+        ({"q": [], "source": "fr", "target": "en"}, 400, "Invalid request: missing q parameter"),
+        ({"q": "a", "target": "en"}, 400, "Invalid request: missing source parameter"),
+        ({"q": "a", "source": "fr"}, 400, "Invalid request: missing target parameter"),
+        ({"q": "a", "source": "zz", "target": "en"}, 400, "zz is not supported"),
+        ({"q": "a", "source": "fr", "target": "zz"}, 400, "zz is not supported"),
+        (
+            {"q": "a", "source": "en", "target": "en"},
+            400,
+            "en is not available as a target language from en",
+        ),
+        (
+            {"q": "a", "source": "fr", "target": "en", "format": "xml"},
+            400,
+            "xml format is not supported",
+        ),
+        (
+            {"q": "a", "source": "fr", "target": "en", "alternatives": "abc"},
+            400,
+            "Invalid request: alternatives parameter is not a number",
+        ),
+        (
+            {"q": ["a"] * 4, "source": "fr", "target": "en"},
+            400,
+            "Invalid request: request (4) exceeds text limit (3)",
+        ),
+        (
+            {"q": "x" * 201, "source": "fr", "target": "en"},
+            400,
+            "Invalid request: request (201) exceeds text limit (200)",
+        ),
+    ],
+)
+def test_errors_are_libretranslate_errors(client: TestClient, body: dict, status: int, error: str):
+    response = client.post("/translate", json=body)
+    assert response.status_code == status
+    assert response.json() == {"error": error}
+    form = {k: v for k, v in body.items() if isinstance(v, str)}
+    if form == body:  # the same through a form body
+        assert client.post("/translate", data=form).json() == {"error": error}
+
+
+@pytest.mark.parametrize("raw", [b"[1, 2]", b"{broken", b'"q"'])
+def test_a_json_body_that_is_not_an_object_is_invalid_json_format(client: TestClient, raw: bytes):
+    response = client.post("/translate", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json() == {"error": "Invalid JSON format"}
+
+
+def test_too_many_tokens_in_a_sentence_is_a_400(client: TestClient):
+    text = "Un " + "très " * 35 + "grand chat."
+    response = client.post("/translate", json={"q": text, "source": "fr", "target": "en"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error.startswith("Invalid request: text[0], sentence 1, has ")
+    assert "limit is 30 tokens" in error
+
+
+def test_an_oversized_body_is_413_with_an_error_field(client: TestClient):
+    response = client.post("/translate", data={"q": "x" * 4000, "source": "fr", "target": "en"})
+    assert response.status_code == 413
+    assert "3000 bytes" in response.json()["error"]
+
+
+def test_a_non_string_language_is_a_400(client: TestClient):
+    response = client.post("/translate", json={"q": "Un chat.", "source": 7, "target": "en"})
+    assert response.json() == {"error": "Invalid request: source must be a string"}

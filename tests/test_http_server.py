@@ -1,0 +1,346 @@
+"""The service as clients meet it: a real `nmt serve` process on a free loopback port, under
+concurrent load. Batching, overload (429), deadlines (504), metrics and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.bundle import load_bundle
+from service.decoding import SearchOptions
+from service.engine import EngineOptions
+from service.translator import Translator
+from tests.conftest import ROOT
+
+SENTENCES = [
+    "Un homme en chemise bleue marche dans la rue.",
+    "Deux enfants jouent au ballon sur la plage.",
+    "Une femme lit un livre dans un parc.",
+    "Le chien court après la balle.",
+    "Un groupe de personnes attend le bus.",
+    "Une petite fille mange une glace.",
+    "Un homme fait du vélo sur une route de montagne.",
+    "Des gens sont assis à une table dans un restaurant.",
+    "Un garçon saute dans une piscine.",
+    "Une femme en robe rouge chante sur scène.",
+    "Deux hommes travaillent sur un toit.",
+    "Un chat dort sur un canapé.",
+    "Des enfants courent dans un champ.",
+    "Un homme âgé lit le journal.",
+    "Une équipe de football joue sur un terrain.",
+    "Un cuisinier prépare un repas.",
+]
+BEAM = 2
+SERVE = [sys.executable, "-m", "nmt_cli", "serve"]
+OPTIONS = SearchOptions(beam_size=BEAM, max_length=256)
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def running_server(model_dir: Path, log_dir: Path, **settings: object) -> Iterator[Server]:
+    """`nmt serve` with NMT_* settings, once /readyz says ready; stopped (SIGTERM) at the end."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "NMT_MODEL_DIR": str(model_dir),
+        "NMT_HOST": "127.0.0.1",
+        "NMT_PORT": str(port),
+        **{f"NMT_{name.upper()}": str(value) for name, value in settings.items()},
+    }
+    log_path = log_dir / f"server-{port}.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            SERVE,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    server = Server(process, f"http://127.0.0.1:{port}", log_path)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, f"server exited early:\n{server.log()}"
+            assert time.monotonic() < deadline, f"server not ready in time:\n{server.log()}"
+            try:
+                if httpx.get(f"{server.url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics, parsed by prometheus_client, by (name, sorted labels)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def body(text: str | list[str], **fields: object) -> dict:
+    return {"text": text, "source_lang": "fr", "target_lang": "en", "beam_size": BEAM, **fields}
+
+
+async def post_all(url: str, requests: list[tuple[str, dict, dict]]) -> list[httpx.Response]:
+    """Send (path, json, headers) requests all at once, each on its own connection."""
+    limits = httpx.Limits(max_connections=len(requests), max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+        return await asyncio.gather(
+            *(
+                client.post(path, json=payload, headers=headers)
+                for path, payload, headers in requests
+            )
+        )
+
+
+async def until_admitted(client: httpx.AsyncClient, tasks: list[asyncio.Future]) -> None:
+    """Until the server holds every one of these requests (or has already answered it)."""
+    while True:
+        families = text_string_to_metric_families((await client.get("/metrics")).text)
+        in_progress = next(
+            f.samples[0].value for f in families if f.name == "nmt_requests_in_progress"
+        )
+        if in_progress - 1 + sum(task.done() for task in tasks) >= len(tasks):  # -1: this scrape
+            return
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def translator(fr_en_bundle: Path) -> Translator:
+    return Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
+
+
+@pytest.fixture(scope="module")
+def reference(translator: Translator) -> dict[str, str]:
+    """Each sentence translated alone, one after the other: what the server must reproduce."""
+    return {s: translator.translate([s], OPTIONS, batch_size=1)[0].text for s in SENTENCES}
+
+
+@pytest.fixture(scope="module")
+def model_dir(fr_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("served")
+    (folder / "fr-en").symlink_to(fr_en_bundle, target_is_directory=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("server-logs")
+
+
+def test_64_concurrent_requests_match_sequential_translation_and_are_batched(
+    model_dir: Path, logs: Path, reference: dict[str, str]
+):
+    with running_server(model_dir, logs, max_batch_wait_ms=5) as server:
+        requests, expected = [], []
+        for i in range(64):
+            first, second = SENTENCES[i % 16], SENTENCES[(i * 7 + 3) % 16]
+            if i % 4 == 0:  # a text of two sentences, split by the server and rejoined
+                payload, want = (
+                    body(f"{first} {second}"),
+                    [f"{reference[first]} {reference[second]}"],
+                )
+            elif i % 4 == 1:  # a list of texts
+                payload, want = body([first, second]), [reference[first], reference[second]]
+            else:
+                payload, want = body(first), [reference[first]]
+            requests.append(("/v1/translate", payload, {"X-Request-ID": f"load-{i}"}))
+            expected.append(want)
+
+        before = scrape(server.url)
+        responses = asyncio.run(post_all(server.url, requests))
+        after = scrape(server.url)
+
+        for i, (response, want) in enumerate(zip(responses, expected, strict=True)):
+            assert response.status_code == 200, response.text
+            assert response.headers["x-request-id"] == f"load-{i}"
+            assert [t["text"] for t in response.json()["translations"]] == want
+
+        def moved(name: str, **labels: str) -> float:
+            return sample(after, name, **labels) - sample(before, name, **labels)
+
+        sentences = sum(2 if i % 4 in (0, 1) else 1 for i in range(64))
+        ok = {"route": "/v1/translate", "model": "fr-en", "status": "200"}
+        assert moved("nmt_requests_total", **ok) == 64
+        assert (
+            moved("nmt_request_duration_seconds_count", route="/v1/translate", model="fr-en") == 64
+        )
+        usage = [r.json()["usage"] for r in responses]
+        assert moved("nmt_input_tokens_total", model="fr-en") == sum(
+            u["input_tokens"] for u in usage
+        )
+        assert moved("nmt_output_tokens_total", model="fr-en") == sum(
+            u["output_tokens"] for u in usage
+        )
+        assert moved("nmt_batch_sentences_sum", model="fr-en") == sentences
+        assert moved("nmt_queue_wait_seconds_count", model="fr-en") == sentences
+        assert moved("nmt_decode_steps_total", model="fr-en") > 0
+        batches = moved("nmt_batch_sentences_count", model="fr-en")
+        single = moved("nmt_batch_sentences_bucket", model="fr-en", le="1.0")
+        assert batches - single > 0, "no batch held more than one sentence"
+        assert batches < sentences / 2, f"{batches} batches for {sentences} sentences"
+        assert sample(after, "nmt_queue_depth", model="fr-en") == 0
+
+
+def test_a_full_queue_answers_429_with_retry_after_at_once(model_dir: Path, logs: Path):
+    settings = {
+        "max_queue_sentences": 2,
+        "max_batch_size": 1,
+        "max_batch_wait_ms": 50,
+        "retry_after_seconds": 3,
+    }
+    with running_server(model_dir, logs, **settings) as server:
+        native = [("/v1/translate", body(SENTENCES[i % 16]), {}) for i in range(24)]
+        libre = [
+            ("/translate", {"q": s, "source": "fr", "target": "en"}, {}) for s in SENTENCES[:8]
+        ]
+        responses = asyncio.run(post_all(server.url, native + libre))
+        statuses = [r.status_code for r in responses]
+        assert set(statuses) <= {200, 429}
+        assert statuses.count(429) > 0 and statuses.count(200) > 0, statuses
+        for response, (path, _, _) in zip(responses, native + libre, strict=True):
+            if response.status_code != 429:
+                continue
+            assert response.headers["retry-after"] == "3"
+            if path == "/translate":
+                assert response.json()["error"].startswith("Slowdown: ")
+            else:
+                assert "NMT_MAX_QUEUE_SENTENCES" in response.json()["detail"]
+        refused = sum(
+            sample(
+                scrape(server.url), "nmt_requests_total", route=path, model="fr-en", status="429"
+            )
+            for path in ("/v1/translate", "/translate")
+        )
+        assert refused == statuses.count(429)
+
+
+def test_a_request_past_its_deadline_gets_504_and_its_work_is_dropped(model_dir: Path, logs: Path):
+    settings = {"request_timeout_seconds": 0.001, "max_batch_wait_ms": 200}
+    with running_server(model_dir, logs, **settings) as server:
+        response = httpx.post(f"{server.url}/v1/translate", json=body(SENTENCES[0]), timeout=30)
+        assert response.status_code == 504
+        assert "NMT_REQUEST_TIMEOUT_SECONDS" in response.json()["detail"]
+        time.sleep(0.3)  # past the batch wait: had it not been dropped, it would have run
+        samples = scrape(server.url)
+        assert sample(samples, "nmt_dropped_sentences_total", model="fr-en", reason="deadline") == 1
+        assert sample(samples, "nmt_batch_sentences_count", model="fr-en") == 0
+        assert httpx.get(f"{server.url}/healthz").status_code == 200
+
+
+def test_a_client_that_disconnects_has_its_queued_work_dropped(model_dir: Path, logs: Path):
+    """One sentence per batch and a backlog ahead: the impatient client's sentences are still
+    queued when it hangs up, and must never be decoded."""
+    with running_server(model_dir, logs, max_batch_size=1) as server:
+        backlog = [body(SENTENCES[i : i + 3], beam_size=4) for i in range(12)]
+
+        async def scenario() -> None:
+            limits = httpx.Limits(max_connections=16, max_keepalive_connections=0)
+            async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as client:
+                busy = [
+                    asyncio.ensure_future(client.post("/v1/translate", json=b)) for b in backlog
+                ]
+                await until_admitted(client, busy)
+                assert not all(t.done() for t in busy), "the backlog was gone too soon"
+                with pytest.raises(httpx.TimeoutException):
+                    await client.post("/v1/translate", json=body(SENTENCES[:4]), timeout=0.3)
+                assert all(r.status_code == 200 for r in await asyncio.gather(*busy))
+
+        asyncio.run(scenario())
+        samples = scrape(server.url)
+        gone = {"model": "fr-en", "reason": "client_gone"}
+        assert sample(samples, "nmt_dropped_sentences_total", **gone) == 4
+        assert sample(samples, "nmt_batch_sentences_sum", model="fr-en") == 12 * 3
+        assert (
+            sample(
+                samples, "nmt_requests_total", route="/v1/translate", model="fr-en", status="499"
+            )
+            == 1
+        )
+
+
+def test_sigterm_during_load_finishes_admitted_requests_and_exits_0(
+    model_dir: Path, logs: Path, reference: dict[str, str]
+):
+    """One sentence per batch makes the admitted work last; SIGTERM arrives while it runs."""
+    with running_server(model_dir, logs, max_batch_size=1) as server:
+        texts = [" ".join(SENTENCES[i : i + 3]) for i in range(12)]
+        expected = [" ".join(reference[s] for s in SENTENCES[i : i + 3]) for i in range(12)]
+
+        async def scenario() -> tuple[list[httpx.Response], object]:
+            limits = httpx.Limits(max_connections=16, max_keepalive_connections=0)
+            async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as client:
+                tasks = [
+                    asyncio.ensure_future(client.post("/v1/translate", json=body(t))) for t in texts
+                ]
+                await until_admitted(client, tasks)
+                assert sum(t.done() for t in tasks) < len(texts), "all done before SIGTERM"
+                server.process.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.05)
+                try:  # a newcomer is refused: no listener any more, or 503 while draining
+                    late = (await client.post("/v1/translate", json=body("Bonjour."))).status_code
+                except httpx.TransportError as error:
+                    late = error
+                return await asyncio.gather(*tasks), late
+
+        responses, late = asyncio.run(scenario())
+        assert late == 503 or isinstance(late, httpx.TransportError), late
+        for response, want in zip(responses, expected, strict=True):
+            assert response.status_code == 200, response.text
+            assert response.json()["translations"][0]["text"] == want
+        assert server.process.wait(60) == 0, server.log()
+        assert "every admitted request was answered" in server.log()
+
+
+def test_serve_exits_1_and_says_why_when_no_model_can_be_loaded(tmp_path: Path):
+    env = {**os.environ, "NMT_MODEL_DIR": str(tmp_path / "empty"), "NMT_PORT": str(free_port())}
+    (tmp_path / "empty").mkdir()
+    done = subprocess.run(
+        SERVE, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 1
+    assert "no bundle under NMT_MODEL_DIR" in done.stderr
