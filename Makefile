@@ -13,9 +13,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# The full developer install: serving, torch (export extra) and test tools.
+# The full developer install: serving, torch (export), test tools, and the baselines (bench).
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[export,dev]'
+	$(BIN)/pip install --quiet -e '.[export,dev,bench]'
 	touch $@
 
 # The ONNX bundle is a build product: exported from the committed checkpoint when missing or older.

@@ -131,6 +131,95 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from service.server import serve
+    from service.settings import Settings
+
+    overrides = {
+        name: value
+        for name, value in (("host", args.host), ("port", args.port), ("model_dir", args.model_dir))
+        if value is not None
+    }
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        print(f"nmt serve: invalid settings (NMT_* variables or options): {error}", file=sys.stderr)
+        return 2
+    return serve(settings)
+
+
+def _add_serve(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the HTTP service (every bundle under NMT_MODEL_DIR)",
+        description="Serve every bundle under NMT_MODEL_DIR over HTTP. Every setting is an "
+        "NMT_* environment variable (docs/service.md); these options override three of them.",
+    )
+    serve.add_argument("--host", help="listen address (NMT_HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (NMT_PORT, default 8000)")
+    serve.add_argument("--model-dir", type=Path, help="bundles folder (NMT_MODEL_DIR)")
+
+
+def _cmd_import_marian(args: argparse.Namespace) -> int:
+    from export.marian import MarianInteropError, import_marian
+
+    try:
+        config = import_marian(args.hf_dir, args.out, args.source_lang, args.target_lang)
+    except MarianInteropError as error:
+        print(f"nmt import-marian: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps({"out": str(args.out), "config": dataclasses.asdict(config)}))
+    return 0
+
+
+def _cmd_export_marian(args: argparse.Namespace) -> int:
+    from export.marian import MarianInteropError, export_marian
+
+    try:
+        print(json.dumps(export_marian(args.checkpoint, args.out)))
+    except MarianInteropError as error:
+        print(f"nmt export-marian: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from bench.compare import run_from_args
+
+    return run_from_args(args)
+
+
+def _add_marian_and_bench(subparsers: argparse._SubParsersAction) -> None:
+    import_marian = subparsers.add_parser(
+        "import-marian",
+        help="a local Hugging Face Marian directory (opus-mt) -> our model directory",
+    )
+    import_marian.add_argument("--hf-dir", type=Path, required=True, help="HF Marian directory")
+    import_marian.add_argument("--out", type=Path, required=True, help="model directory to write")
+    import_marian.add_argument("--source-lang", help="default: from tokenizer_config.json")
+    import_marian.add_argument("--target-lang", help="default: from tokenizer_config.json")
+
+    export_marian = subparsers.add_parser(
+        "export-marian", help="our model directory -> a Hugging Face Marian directory"
+    )
+    export_marian.add_argument("--checkpoint", type=Path, default=Path("models/fr-en"))
+    export_marian.add_argument("--out", type=Path, required=True, help="HF directory to write")
+
+    try:
+        from bench.compare import add_arguments  # argparse only: engines load in subprocesses
+    except ImportError:  # an install without the bench package: no `nmt bench`
+        return
+
+    bench = subparsers.add_parser(
+        "bench",
+        help="ours vs CTranslate2 vs transformers on the same weights (needs the bench extra)",
+        description="Side-by-side speed and peak memory; writes docs/benchmarks.md.",
+    )
+    add_arguments(bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nmt", description="nmt-serve: neural machine translation"
@@ -154,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--src", type=Path, help="source file to translate")
     evaluate.add_argument("--hyp", type=Path, help="translations to score instead")
     evaluate.add_argument("--ref", type=Path, required=True, help="reference translations")
+    _add_serve(subparsers)
+    _add_marian_and_bench(subparsers)
     return parser
 
 
@@ -162,6 +253,10 @@ COMMANDS = {
     "export": _cmd_export,
     "translate": _cmd_translate,
     "eval": _cmd_eval,
+    "serve": _cmd_serve,
+    "import-marian": _cmd_import_marian,
+    "export-marian": _cmd_export_marian,
+    "bench": _cmd_bench,
 }
 
 

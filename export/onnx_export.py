@@ -8,7 +8,9 @@ The bundle (see service/bundle.py for the reading side):
 * `decoder_nocache.onnx`: recomputes the whole target prefix each step; for benchmarks only,
   so that what the cache buys is measured rather than assumed.
 * `*.int8.onnx`: the same graphs with dynamically quantized (int8) MatMul weights.
-* the tokenizer and `bundle.json` (dimensions, special ids, checksums, export settings).
+* the tokenizer files and `bundle.json` (dimensions, special ids, tokenizer files by role,
+  checksums, export settings). `tokenizer` is {"source", "target"}: SentencePiece models,
+  the same file for our joint model; plus "vocab" (piece -> id) for Marian imports.
 
 All caches are stacked over layers, so that the engine reorders one array per step (beam
 search) instead of one per layer: [L, B, H, length, Dh].
@@ -28,13 +30,13 @@ import onnx
 import torch
 from torch import nn
 
-from export.checkpoint import TOKENIZER_FILE, load_model_dir
+from export.checkpoint import load_model_dir
 from export.model.transformer import Transformer
 
 log = logging.getLogger("nmt.export")
 
 OPSET = 18
-BUNDLE_FORMAT = 1
+BUNDLE_FORMAT = 2  # 2: decoder graphs select the top-k in the graph
 
 
 class EncoderGraph(nn.Module):
@@ -233,13 +235,19 @@ def quantize_graph(fp32_path: Path) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     int8_path = fp32_path.with_suffix(".int8.onnx")
-    quantize_dynamic(
-        str(fp32_path),
-        str(int8_path),
-        weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul", "Gemm"],
-        per_channel=False,
-    )
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer's advice to pre-process is noise here
+    try:
+        quantize_dynamic(
+            str(fp32_path),
+            str(int8_path),
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul", "Gemm"],
+            per_channel=False,
+        )
+    finally:
+        root.setLevel(level)
     return int8_path
 
 
@@ -262,8 +270,11 @@ def export_bundle(checkpoint: Path, out_dir: Path, int8: bool = False) -> dict:
         files = export_graphs(model, staging)
         if int8:
             files += [quantize_graph(staging / name).name for name in files]
-        shutil.copyfile(tokenizer.model_path, staging / TOKENIZER_FILE)
-        files.append(TOKENIZER_FILE)
+        # Every tokenizer file under its own name, recorded by role ("source", "target", ...).
+        tokenizer_files = {role: path.name for role, path in tokenizer.files.items()}
+        for role, path in tokenizer.files.items():
+            shutil.copyfile(path, staging / tokenizer_files[role])
+        files += sorted(set(tokenizer_files.values()))
         manifest = {
             "format": BUNDLE_FORMAT,
             "name": f"{config.source_lang}-{config.target_lang}",
@@ -284,7 +295,7 @@ def export_bundle(checkpoint: Path, out_dir: Path, int8: bool = False) -> dict:
                 "unk": config.unk_id,
                 "decoder_start": config.decoder_start_id,
             },
-            "tokenizer": {"source": TOKENIZER_FILE, "target": TOKENIZER_FILE},
+            "tokenizer": tokenizer_files,
             "graphs": {
                 "encoder": "encoder.onnx",
                 "decoder": "decoder.onnx",

@@ -3,10 +3,16 @@
 One joint vocabulary for both languages (the embeddings are tied across encoder, decoder and
 output, so source and target must share ids). Byte fallback means there are no unknown
 characters: a character never seen in training is spelled as its UTF-8 bytes.
+
+Imported Hugging Face Marian models (export/marian.py) come instead with two SentencePiece
+models, one per language, and a shared `vocab.json` that maps pieces to model ids: their ids
+are not the SentencePiece ids. `VocabTokenizer` reads that layout, the way `MarianTokenizer`
+does.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -70,3 +76,62 @@ class Tokenizer:
 
     def pieces(self, text: str) -> list[str]:
         return self.processor.encode(text, out_type=str)
+
+    @property
+    def files(self) -> dict[str, Path]:
+        """The files that make this tokenizer, by role (what bundle.json records)."""
+        return {"source": self.model_path, "target": self.model_path}
+
+
+# Marian's file names: they are the same in our model directories and in bundles.
+SOURCE_SPM, TARGET_SPM, VOCAB_JSON = "source.spm", "target.spm", "vocab.json"
+
+
+def split_language_code(text: str) -> tuple[list[str], str]:
+    """A leading `>>xx<<` (multilingual Marian models: the target language) is one piece."""
+    if text.startswith(">>") and (end := text.find("<<")) != -1:
+        return [text[: end + 2]], text[end + 2 :]
+    return [], text
+
+
+class VocabTokenizer:
+    """Separate source and target SentencePiece models, one piece -> id vocabulary (Marian).
+
+    Source text is cut into pieces by the source model; each piece is looked up in the vocab
+    (unknown pieces -> <unk>) and </s> is appended. Target ids become pieces through the same
+    vocab and are joined by the target model. Same behaviour as `MarianTokenizer`.
+    """
+
+    def __init__(self, source_model: Path, target_model: Path, vocab_path: Path) -> None:
+        self.source = spm.SentencePieceProcessor(model_file=str(source_model))
+        self.target = spm.SentencePieceProcessor(model_file=str(target_model))
+        self.vocab: dict[str, int] = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
+        self.piece_of = {i: piece for piece, i in self.vocab.items()}
+        missing = [p for p in ("</s>", "<unk>", "<pad>") if p not in self.vocab]
+        if missing:
+            raise ValueError(f"{vocab_path} lacks the special pieces {missing}")
+        self.eos_id, self.unk_id, self.pad_id = (self.vocab[p] for p in ("</s>", "<unk>", "<pad>"))
+        self._files = {"source": Path(source_model), "target": Path(target_model)}
+        self._files["vocab"] = Path(vocab_path)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def pieces(self, text: str) -> list[str]:
+        code, text = split_language_code(text)
+        return code + self.source.encode(text, out_type=str)
+
+    def encode(self, text: str) -> list[int]:
+        return [*(self.vocab.get(p, self.unk_id) for p in self.pieces(text)), self.eos_id]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        pieces = [self.piece_of.get(i, "<unk>") for i in ids if i not in (self.pad_id, self.eos_id)]
+        return self.target.decode_pieces(pieces)
+
+    @property
+    def files(self) -> dict[str, Path]:
+        return dict(self._files)
