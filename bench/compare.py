@@ -206,6 +206,11 @@ class CTranslate2Runner:
             length_penalty=1.0,
             max_decoding_length=limit,
             min_decoding_length=0,  # ours may end at once too
+            # CTranslate2 stops a sentence once beam_size * patience hypotheses have finished;
+            # with its default (1) it stops earlier than Hugging Face's rule, which ours follows,
+            # and returns shorter translations on ~3% of test_2016_flickr. With 2 it searches as
+            # far as ours and gives the same output on every line.
+            patience=2.0,
         )
         return [[self.our_id[p] for p in r.hypotheses[0]] for r in results]
 

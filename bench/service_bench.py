@@ -10,7 +10,7 @@ one-sentence requests (Multi30k test sentences when they are there) with httpx a
 The work alternates between the servers in halves (on, off, off, on) so that a change in
 background load hits both alike. Before that, it times the engine alone, in process, on the same
 sentences at batch sizes 1, 8 and 32: the ceiling that batching in the service can reach.
-Writes docs/benchmarks-service.md.
+Writes the "service" section of docs/benchmarks.md.
 
 A benchmark, not a test: it reports what it measured and asserts nothing.
 """
@@ -37,8 +37,10 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.report import replace_section
+
 ROOT = Path(__file__).resolve().parent.parent
-REPORT = ROOT / "docs" / "benchmarks-service.md"
+REPORT = ROOT / "docs" / "benchmarks.md"
 SERVE = [sys.executable, "-m", "nmt_cli", "serve"]
 MULTI30K_TEST = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.fr"
 FALLBACK_SENTENCES = [
@@ -209,7 +211,7 @@ def report(
         command += " " + shlex.join(sys.argv[1:])
     batch_header = " | ".join(f"batch {b}" for b in ENGINE_BATCHES)
     lines = [
-        "# Service benchmark: dynamic batching on vs off",
+        "## Service: dynamic batching on vs off",
         "",
         f"Reproduce: `{command}`",
         "",
@@ -316,8 +318,7 @@ def main() -> None:
                         file=sys.stderr,
                     )
     text = report(runs, engine_rows, model, load_avg, source)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    replace_section("service", text, args.out)
     print(text)
 
 
