@@ -394,6 +394,20 @@ def parity(results: dict[str, dict], lines: list[str], decode) -> dict:
     return report
 
 
+def _job(name: str, paths: dict, threads: int, maps: dict, sources, limits, runs) -> dict:
+    """What one engine subprocess needs: its spec, the artefacts, the sentences, the runs."""
+    return {
+        "name": name,
+        "spec": ENGINES[name],
+        "paths": {k: str(v) for k, v in paths.items()},
+        "threads": threads,
+        "maps": maps,
+        "sources": sources,
+        "limits": limits,
+        "runs": runs,
+    }
+
+
 def run_parity(
     checkpoint: Path, data: Path, work: Path, threads: int, count: int | None = None
 ) -> dict:
@@ -410,17 +424,8 @@ def run_parity(
     limits = [length_limit(len(s), maps["max_positions"]) for s in sources]
     results = {}
     for name in PARITY_ENGINES:
-        job = {
-            "name": name,
-            "spec": ENGINES[name],
-            "paths": {k: str(v) for k, v in paths.items()},
-            "threads": threads,
-            "maps": maps,
-            "sources": sources,
-            "limits": limits,
-            "runs": [{"beam": 4, "batch": 32, "repeat": 1, "exact_limits": True}],
-        }
-        result = spawn(job, work)
+        runs = [{"beam": 4, "batch": 32, "repeat": 1, "exact_limits": True}]
+        result = spawn(_job(name, paths, threads, maps, sources, limits, runs), work)
         outputs = result["runs"][0]["outputs"]
         restored: list[list[int]] = [[] for _ in outputs]
         for position, index in enumerate(order):
@@ -718,17 +723,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     results = {}
     for name in [REFERENCE, *[n for n in names if n != REFERENCE]]:
         print(f"{name}:", flush=True)
-        job = {
-            "name": name,
-            "spec": ENGINES[name],
-            "paths": {k: str(v) for k, v in paths.items()},
-            "threads": threads,
-            "maps": maps,
-            "sources": sources,
-            "limits": limits,
-            "runs": runs,
-        }
-        results[name] = spawn(job, work)
+        results[name] = spawn(_job(name, paths, threads, maps, sources, limits, runs), work)
     rows = speed_rows(results)
     profile = None
     if args.profile:

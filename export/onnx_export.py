@@ -53,6 +53,11 @@ class EncoderGraph(nn.Module):
         return torch.stack([k for k, _ in cross]), torch.stack([v for _, v in cross])
 
 
+def _per_layer(keys: torch.Tensor, values: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Stacked [L, B, H, len, Dh] keys and values -> one (keys, values) pair per layer."""
+    return list(zip(keys.unbind(0), values.unbind(0), strict=True))
+
+
 def _log_probs_and_top(logits: torch.Tensor, top_k: torch.Tensor):
     """logits [B, T, V] -> log-probs of the next token [B, V] and their top_k [B, k].
 
@@ -82,8 +87,7 @@ class DecoderStepGraph(nn.Module):
         source_mask: torch.Tensor,  # [B, S] bool
         top_k: torch.Tensor,  # int64 scalar: how many best tokens to return per row
     ) -> tuple[torch.Tensor, ...]:
-        past = list(zip(past_keys.unbind(0), past_values.unbind(0), strict=True))
-        cross = list(zip(cross_keys.unbind(0), cross_values.unbind(0), strict=True))
+        past, cross = _per_layer(past_keys, past_values), _per_layer(cross_keys, cross_values)
         logits, present, alignment = self.model.decode(target_ids, past, cross, source_mask)
         log_probs, top_log_probs, top_ids = _log_probs_and_top(logits, top_k)
         present_keys = torch.stack([k for k, _ in present])  # [L, B, H, P+1, Dh]
@@ -107,9 +111,8 @@ class DecoderNoCacheGraph(nn.Module):
         source_mask: torch.Tensor,
         top_k: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        cross = list(zip(cross_keys.unbind(0), cross_values.unbind(0), strict=True))
         empty = cross_keys[:, :, :, :0]  # [L, B, H, 0, Dh]
-        past = list(zip(empty.unbind(0), empty.unbind(0), strict=True))
+        past, cross = _per_layer(empty, empty), _per_layer(cross_keys, cross_values)
         logits, _, _ = self.model.decode(target_ids, past, cross, source_mask)
         return _log_probs_and_top(logits, top_k)
 

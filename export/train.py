@@ -50,6 +50,18 @@ def inverse_sqrt_schedule(warmup_steps: int):
     return factor
 
 
+def zero_pad_row(model: Transformer) -> None:
+    """Keep the <pad> embedding at zero, as Marian does.
+
+    nn.Embedding's padding_idx stops the *input* lookup from training it, but the tied output
+    projection would still move it. A zero row matters for interop: Marian-format engines
+    (CTranslate2's converter) start decoding from a zero vector rather than the <pad> row,
+    and drop that row; with a zero row they decode exactly as we do.
+    """
+    with torch.no_grad():
+        model.embed_tokens.weight[model.config.pad_id].zero_()
+
+
 def atomic_torch_save(obj: object, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
@@ -93,18 +105,7 @@ class Trainer:
         self.history: list[dict] = []
         if (self.run_dir / "state.pt").exists():
             self._load_state()
-        self._zero_pad_row()
-
-    def _zero_pad_row(self) -> None:
-        """Keep the <pad> embedding at zero, as Marian does.
-
-        nn.Embedding's padding_idx stops the *input* lookup from training it, but the tied output
-        projection would still move it. A zero row matters for interop: Marian-format engines
-        (CTranslate2's converter) start decoding from a zero vector rather than the <pad> row,
-        and drop that row; with a zero row they decode exactly as we do.
-        """
-        with torch.no_grad():
-            self.model.embed_tokens.weight[self.model.config.pad_id].zero_()
+        zero_pad_row(self.model)
 
     # ----- run directory -------------------------------------------------------------------
     def _prepare_run_dir(self) -> None:
@@ -242,7 +243,7 @@ class Trainer:
             (loss / tokens).backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
             self.optimizer.step()
-            self._zero_pad_row()
+            zero_pad_row(self.model)
             self.schedule.step()
             self.step += 1
             self.batch_in_epoch += 1
@@ -345,8 +346,7 @@ class Trainer:
         }
         model = Transformer(self.model.config).to(self.device)
         model.load_state_dict(averaged)
-        with torch.no_grad():  # epochs from before the pad row was held at zero may be averaged in
-            model.embed_tokens.weight[model.config.pad_id].zero_()
+        zero_pad_row(model)  # epochs from before the pad row was held at zero may be averaged in
         return model
 
     def finalize(self, out_dir: Path) -> dict:
@@ -356,8 +356,7 @@ class Trainer:
         if best_dir.exists():
             best = Transformer(self.model.config).to(self.device)
             best.load_state_dict(load_file(str(best_dir / "model.safetensors")))
-            with torch.no_grad():  # a best epoch from before the pad row was held at zero
-                best.embed_tokens.weight[best.config.pad_id].zero_()
+            zero_pad_row(best)  # a best epoch from before the pad row was held at zero
             candidates["best"] = best
         averaged = self.average_epochs()
         if averaged is not None:

@@ -31,6 +31,26 @@ def committed_model() -> Path:
     return COMMITTED_MODEL
 
 
+# Caption-like French sentences written for the tests (never lines of the corpus).
+FRENCH_SENTENCES = [
+    "Un homme en chemise bleue marche dans la rue.",
+    "Deux enfants jouent au ballon sur la plage.",
+    "Une femme lit un livre dans un parc.",
+    "Le chien court après la balle.",
+    "Un groupe de personnes attend le bus.",
+    "Une petite fille mange une glace.",
+    "Un homme fait du vélo sur une route de montagne.",
+    "Des gens sont assis à une table dans un restaurant.",
+    "Un garçon saute dans une piscine.",
+    "Une femme en robe rouge chante sur scène.",
+    "Deux hommes travaillent sur un toit.",
+    "Un chat dort sur un canapé.",
+    "Des enfants courent dans un champ.",
+    "Un homme âgé lit le journal.",
+    "Une équipe de football joue sur un terrain.",
+    "Un cuisinier prépare un repas.",
+]
+
 REVERSE_WORDS = [
     "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliett",
     "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango",

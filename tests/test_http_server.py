@@ -23,26 +23,9 @@ from service.bundle import load_bundle
 from service.decoding import SearchOptions
 from service.engine import EngineOptions
 from service.translator import Translator
-from tests.conftest import ROOT
+from tests.conftest import FRENCH_SENTENCES, ROOT
 
-SENTENCES = [
-    "Un homme en chemise bleue marche dans la rue.",
-    "Deux enfants jouent au ballon sur la plage.",
-    "Une femme lit un livre dans un parc.",
-    "Le chien court après la balle.",
-    "Un groupe de personnes attend le bus.",
-    "Une petite fille mange une glace.",
-    "Un homme fait du vélo sur une route de montagne.",
-    "Des gens sont assis à une table dans un restaurant.",
-    "Un garçon saute dans une piscine.",
-    "Une femme en robe rouge chante sur scène.",
-    "Deux hommes travaillent sur un toit.",
-    "Un chat dort sur un canapé.",
-    "Des enfants courent dans un champ.",
-    "Un homme âgé lit le journal.",
-    "Une équipe de football joue sur un terrain.",
-    "Un cuisinier prépare un repas.",
-]
+SENTENCES = FRENCH_SENTENCES
 BEAM = 2
 SERVE = [sys.executable, "-m", "nmt_cli", "serve"]
 OPTIONS = SearchOptions(beam_size=BEAM, max_length=256)

@@ -17,17 +17,9 @@ from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
 from service.metrics import Metrics
 from service.scheduler import BatchLimits, BatchScheduler, SentenceFailed
 from service.translator import Translator
+from tests.conftest import FRENCH_SENTENCES
 
-SENTENCES = [
-    "Un homme en chemise bleue marche dans la rue.",
-    "Deux enfants jouent au ballon sur la plage.",
-    "Une femme lit un livre dans un parc.",
-    "Le chien court après la balle.",
-    "Un groupe de personnes attend le bus.",
-    "Une petite fille mange une glace.",
-    "Un homme fait du vélo sur une route de montagne.",
-    "Des gens sont assis à une table dans un restaurant.",
-]
+SENTENCES = FRENCH_SENTENCES[:8]
 FAST = SearchOptions(beam_size=1, max_length=12)
 
 
