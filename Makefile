@@ -18,8 +18,10 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[export,dev,bench]'
 	touch $@
 
-# The ONNX bundle is a build product: exported from the committed checkpoint when missing or older.
-$(BUNDLE)/bundle.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(VENV)/.dev-installed
+# The ONNX bundle is a build product: exported from the committed checkpoint when missing or
+# older than the checkpoint or the exporter (a new bundle format needs a new export).
+$(BUNDLE)/bundle.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(VENV)/.dev-installed \
+		export/onnx_export.py $(wildcard export/model/*.py)
 	$(BIN)/nmt export --checkpoint $(MODEL) --out $(BUNDLE) --int8
 
 bundle: $(BUNDLE)/bundle.json

@@ -70,10 +70,10 @@ def _sha256(path: Path) -> str:
 
 def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
     """Bundle, Marian directory and CTranslate2 model of one checkpoint (kept while it does
-    not change: a stamp records the checksum of the weights they came from; delete the work
-    directory to rebuild them after changing the exporters)."""
+    not change: a stamp records the checksum of the weights they came from and the bundle
+    format; delete the work directory to rebuild them after other changes to the exporters)."""
     from export.marian import export_marian
-    from export.onnx_export import export_bundle
+    from export.onnx_export import BUNDLE_FORMAT, export_bundle
 
     work.mkdir(parents=True, exist_ok=True)
     paths = {"bundle": work / "bundle", "marian": work / "marian", "ct2": work / "ct2"}
@@ -81,6 +81,7 @@ def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
     weights = {
         "checkpoint": str(checkpoint),
         "sha256": _sha256(checkpoint / "model.safetensors"),
+        "bundle_format": BUNDLE_FORMAT,
     }
     fresh = stamp.is_file() and json.loads(stamp.read_text()) == weights
     if fresh and all(p.exists() for p in paths.values()):

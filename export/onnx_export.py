@@ -12,8 +12,10 @@ The bundle (see service/bundle.py for the reading side):
   checksums, export settings). `tokenizer` is {"source", "target"}: SentencePiece models,
   the same file for our joint model; plus "vocab" (piece -> id) for Marian imports.
 
-All caches are stacked over layers, so that the engine reorders one array per step (beam
-search) instead of one per layer: [L, B, H, length, Dh].
+Keys and values travel per decoder layer, as inputs and outputs named
+`{past,present,cross}_{keys,values}_{layer}`, each [rows, H, length, Dh]. The cross-attention
+keys/values have one row per source sentence: in beam search the K beams of a sentence are K
+queries against the same copy (see DecoderLayer), so they are never repeated K times.
 """
 
 from __future__ import annotations
@@ -36,7 +38,21 @@ from export.model.transformer import Transformer
 log = logging.getLogger("nmt.export")
 
 OPSET = 18
-BUNDLE_FORMAT = 2  # 2: decoder graphs select the top-k in the graph
+# 2: decoder graphs select the top-k in the graph
+# 3: caches per layer; cross keys/values per source, shared by the beams of a sentence;
+#    only the top-k log-probs come out (no [B, V] output)
+BUNDLE_FORMAT = 3
+
+
+def layer_names(kind: str, layers: int) -> list[str]:
+    """Names of one kind of per-layer keys/values, layer by layer:
+    [f"{kind}_keys_0", f"{kind}_values_0", f"{kind}_keys_1", ...]"""
+    return [f"{kind}_{part}_{i}" for i in range(layers) for part in ("keys", "values")]
+
+
+def _pairs(flat: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys_0, values_0, keys_1, values_1, ...) -> [(keys_0, values_0), ...]"""
+    return list(zip(flat[0::2], flat[1::2], strict=True))
 
 
 class EncoderGraph(nn.Module):
@@ -44,56 +60,55 @@ class EncoderGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(
-        self, source_ids: torch.Tensor, source_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """source_ids [B, S] int64, source_mask [B, S] bool -> cross keys/values [L, B, H, S, Dh]"""
+    def forward(self, source_ids: torch.Tensor, source_mask: torch.Tensor) -> tuple:
+        """source_ids [B, S] int64, source_mask [B, S] bool
+        -> cross keys_0, values_0, keys_1, ... each [B, H, S, Dh]"""
         encoder_output = self.model.encode(source_ids, source_mask)  # [B, S, D]
         cross = self.model.cross_keys_values(encoder_output)
-        return torch.stack([k for k, _ in cross]), torch.stack([v for _, v in cross])
+        return tuple(tensor for pair in cross for tensor in pair)
 
 
-def _per_layer(keys: torch.Tensor, values: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Stacked [L, B, H, len, Dh] keys and values -> one (keys, values) pair per layer."""
-    return list(zip(keys.unbind(0), values.unbind(0), strict=True))
-
-
-def _log_probs_and_top(logits: torch.Tensor, top_k: torch.Tensor):
-    """logits [B, T, V] -> log-probs of the next token [B, V] and their top_k [B, k].
+def _top_log_probs(last_logits: torch.Tensor, top_k: torch.Tensor):
+    """last_logits [B, V] -> the top_k log-probs of the next token and their ids [B, k].
 
     Selecting in the graph means a step hands back [B, k] instead of [B, V] to the engine:
     greedy asks for k = 1, beam search for k = 2 * beam (enough: a sentence's 2K best
     continuations are always among its beams' own 2K best tokens).
+    (Normalizing only the k chosen, logit - logsumexp, was measured slower: ONNX Runtime's
+    ReduceLogSumExp is several times slower than its LogSoftmax.)
     """
-    log_probs = torch.log_softmax(logits[:, -1], dim=-1)
-    top_log_probs, top_ids = torch.topk(log_probs, top_k, dim=-1)
-    return log_probs, top_log_probs, top_ids
+    return torch.topk(torch.log_softmax(last_logits, dim=-1), top_k, dim=-1)
 
 
 class DecoderStepGraph(nn.Module):
-    """One decoding step with the self-attention cache."""
+    """One decoding step with the self-attention cache.
+
+    Caches are inputs and outputs per layer ([B, H, length, Dh] each): stacking them over
+    layers would cost an unbind and a re-stack of the whole cache in every step.
+    Cross keys/values and the source mask have one row per *source*; the B rows of the step
+    are K consecutive rows per source (the beams of a sentence; K = 1 in greedy search).
+    """
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
         self.model = model
+        self.layers = model.config.decoder_layers
 
     def forward(
         self,
         target_ids: torch.Tensor,  # [B, 1] the last token of every row
-        past_keys: torch.Tensor,  # [L, B, H, P, Dh] (P = 0 at the first step)
-        past_values: torch.Tensor,  # [L, B, H, P, Dh]
-        cross_keys: torch.Tensor,  # [L, B, H, S, Dh] from encoder.onnx
-        cross_values: torch.Tensor,  # [L, B, H, S, Dh]
-        source_mask: torch.Tensor,  # [B, S] bool
+        source_mask: torch.Tensor,  # [B/K, S] bool
         top_k: torch.Tensor,  # int64 scalar: how many best tokens to return per row
+        *caches: torch.Tensor,  # past keys/values per layer [B, H, P, Dh] (P = 0 at first),
+        # then cross keys/values per layer [B/K, H, S, Dh] from encoder.onnx
     ) -> tuple[torch.Tensor, ...]:
-        past, cross = _per_layer(past_keys, past_values), _per_layer(cross_keys, cross_values)
+        past, cross = _pairs(caches[: 2 * self.layers]), _pairs(caches[2 * self.layers :])
         logits, present, alignment = self.model.decode(target_ids, past, cross, source_mask)
-        log_probs, top_log_probs, top_ids = _log_probs_and_top(logits, top_k)
-        present_keys = torch.stack([k for k, _ in present])  # [L, B, H, P+1, Dh]
-        present_values = torch.stack([v for _, v in present])
+        # logits [B, 1, V] -> [B, V]: a Reshape is free, indexing the step axis would copy
+        top_log_probs, top_ids = _top_log_probs(logits.reshape(-1, logits.shape[-1]), top_k)
         # alignment: the cross-attention weights of this step [B, S]
-        return log_probs, top_log_probs, top_ids, present_keys, present_values, alignment[:, -1]
+        flat_present = tuple(tensor for pair in present for tensor in pair)  # [B, H, P+1, Dh]
+        return (top_log_probs, top_ids, alignment.reshape(alignment.shape[0], -1), *flat_present)
 
 
 class DecoderNoCacheGraph(nn.Module):
@@ -106,34 +121,35 @@ class DecoderNoCacheGraph(nn.Module):
     def forward(
         self,
         target_ids: torch.Tensor,  # [B, T] the whole prefix, start token first
-        cross_keys: torch.Tensor,
-        cross_values: torch.Tensor,
-        source_mask: torch.Tensor,
+        source_mask: torch.Tensor,  # [B/K, S]
         top_k: torch.Tensor,
+        *cross_flat: torch.Tensor,  # cross keys/values per layer [B/K, H, S, Dh]
     ) -> tuple[torch.Tensor, ...]:
-        empty = cross_keys[:, :, :, :0]  # [L, B, H, 0, Dh]
-        past, cross = _per_layer(empty, empty), _per_layer(cross_keys, cross_values)
+        cross = _pairs(cross_flat)
+        config = self.model.config
+        empty = torch.zeros(target_ids.shape[0], config.n_heads, 0, config.head_dim)
+        past = [(empty, empty)] * len(cross)  # [B, H, 0, Dh]: nothing cached
         logits, _, _ = self.model.decode(target_ids, past, cross, source_mask)
-        return _log_probs_and_top(logits, top_k)
+        return _top_log_probs(logits[:, -1], top_k)
 
 
-def _example_inputs(model: Transformer) -> dict[str, torch.Tensor]:
-    """Shapes chosen so that no dynamic size is 0 or 1 (the tracer would fix those)."""
+def _example_inputs(model: Transformer) -> dict:
+    """Shapes chosen so that no dynamic size is 0 or 1 (the tracer would fix those):
+    3 sources, 2 rows (beams) each."""
     config = model.config
-    batch, source, past, target = 3, 7, 4, 5
-    cache = (config.decoder_layers, batch, config.n_heads, past, config.head_dim)
-    cross = (config.decoder_layers, batch, config.n_heads, source, config.head_dim)
-    source_mask = torch.ones((batch, source), dtype=torch.bool)
+    sources, rows, source, past, target = 3, 6, 7, 4, 5
+    layers = config.decoder_layers
+    source_mask = torch.ones((sources, source), dtype=torch.bool)
     source_mask[1, 5:] = False
+    cache = (rows, config.n_heads, past, config.head_dim)
+    cross = (sources, config.n_heads, source, config.head_dim)
     return {
-        "source_ids": torch.randint(3, config.vocab_size, (batch, source)),
+        "source_ids": torch.randint(3, config.vocab_size, (sources, source)),
         "source_mask": source_mask,
-        "target_step": torch.randint(3, config.vocab_size, (batch, 1)),
-        "target_prefix": torch.randint(3, config.vocab_size, (batch, target)),
-        "past_keys": torch.randn(cache),
-        "past_values": torch.randn(cache),
-        "cross_keys": torch.randn(cross),
-        "cross_values": torch.randn(cross),
+        "target_step": torch.randint(3, config.vocab_size, (rows, 1)),
+        "target_prefix": torch.randint(3, config.vocab_size, (rows, target)),
+        "past": tuple(torch.randn(cache) for _ in range(2 * layers)),
+        "cross": tuple(torch.randn(cross) for _ in range(2 * layers)),
         "top_k": torch.tensor(4),
     }
 
@@ -159,76 +175,49 @@ def export_graphs(model: Transformer, out_dir: Path) -> list[str]:
     """Write the fp32 graphs; returns their file names."""
     model.eval()
     x = _example_inputs(model)
-    rows_by_source = {0: "batch", 1: "source"}
-    cross = {1: "batch", 3: "source"}
-    past = {1: "batch", 3: "past"}
-    present = {1: "batch", 3: "past_plus_one"}
+    layers = model.config.decoder_layers
+    cross_names = layer_names("cross", layers)
+    past_names, present_names = layer_names("past", layers), layer_names("present", layers)
+    by_source = {0: "sources", 1: "source"}  # [B/K, S]
+    cross = {0: "sources", 2: "source"}  # [B/K, H, S, Dh]
+    past = {0: "batch", 2: "past"}  # [B, H, P, Dh]
+    present = {0: "batch", 2: "past_plus_one"}
     top = {0: "batch", 1: "k"}
+    head = {"top_log_probs": top, "top_ids": top}
     with torch.no_grad():
         _export(
             EncoderGraph(model),
             (x["source_ids"], x["source_mask"]),
             out_dir / "encoder.onnx",
-            {"inputs": ["source_ids", "source_mask"], "outputs": ["cross_keys", "cross_values"]},
-            {
-                "source_ids": rows_by_source,
-                "source_mask": rows_by_source,
-                "cross_keys": cross,
-                "cross_values": cross,
-            },
+            {"inputs": ["source_ids", "source_mask"], "outputs": cross_names},
+            {"source_ids": by_source, "source_mask": by_source} | dict.fromkeys(cross_names, cross),
         )
-        step_inputs = ["target_ids", "past_keys", "past_values", "cross_keys", "cross_values"]
-        step_inputs += ["source_mask", "top_k"]
         _export(
             DecoderStepGraph(model),
-            tuple(x[name] for name in ["target_step", *step_inputs[1:]]),
+            (x["target_step"], x["source_mask"], x["top_k"], *x["past"], *x["cross"]),
             out_dir / "decoder.onnx",
             {
-                "inputs": step_inputs,
-                "outputs": [
-                    "log_probs",
-                    "top_log_probs",
-                    "top_ids",
-                    "present_keys",
-                    "present_values",
-                    "alignment",
-                ],
+                "inputs": ["target_ids", "source_mask", "top_k", *past_names, *cross_names],
+                "outputs": ["top_log_probs", "top_ids", "alignment", *present_names],
             },
-            {
-                "target_ids": {0: "batch"},
-                "past_keys": past,
-                "past_values": past,
-                "cross_keys": cross,
-                "cross_values": cross,
-                "source_mask": rows_by_source,
-                "log_probs": {0: "batch"},
-                "top_log_probs": top,
-                "top_ids": top,
-                "present_keys": present,
-                "present_values": present,
-                "alignment": rows_by_source,
-            },
+            {"target_ids": {0: "batch"}, "source_mask": by_source}
+            | {"alignment": {0: "batch", 1: "source"}}
+            | head
+            | dict.fromkeys(past_names, past)
+            | dict.fromkeys(cross_names, cross)
+            | dict.fromkeys(present_names, present),
         )
         _export(
             DecoderNoCacheGraph(model),
-            tuple(
-                x[name]
-                for name in ["target_prefix", "cross_keys", "cross_values", "source_mask", "top_k"]
-            ),
+            (x["target_prefix"], x["source_mask"], x["top_k"], *x["cross"]),
             out_dir / "decoder_nocache.onnx",
             {
-                "inputs": ["target_ids", "cross_keys", "cross_values", "source_mask", "top_k"],
-                "outputs": ["log_probs", "top_log_probs", "top_ids"],
+                "inputs": ["target_ids", "source_mask", "top_k", *cross_names],
+                "outputs": ["top_log_probs", "top_ids"],
             },
-            {
-                "target_ids": {0: "batch", 1: "target"},
-                "cross_keys": cross,
-                "cross_values": cross,
-                "source_mask": rows_by_source,
-                "log_probs": {0: "batch"},
-                "top_log_probs": top,
-                "top_ids": top,
-            },
+            {"target_ids": {0: "batch", 1: "target"}, "source_mask": by_source}
+            | head
+            | dict.fromkeys(cross_names, cross),
         )
     return ["encoder.onnx", "decoder.onnx", "decoder_nocache.onnx"]
 

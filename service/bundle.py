@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-SUPPORTED_FORMAT = 2
+SUPPORTED_FORMAT = 3
 
 
 class BundleError(Exception):

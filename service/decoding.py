@@ -12,7 +12,6 @@ remaining row needs is cut from the cross-attention keys/values.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,47 +67,46 @@ def greedy_search(
 ) -> list[Hypothesis]:
     source_ids, source_mask = pad_sources(sources, engine.pad_id)
     state = engine.start(source_ids, source_mask)
-    count = len(sources)
+    count, source_width = source_ids.shape
     source_lengths = [len(s) for s in sources]
     limits = np.array(
         [length_limit(n, options.max_length, engine.max_positions) for n in source_lengths]
     )
+    steps = int(limits.max())
     sentence_of_row = np.arange(count)  # live rows, by the sentence they belong to
-    tokens: list[list[int]] = [[] for _ in range(count)]
+    output = np.full((count, steps), engine.pad_id, dtype=np.int64)  # [sentence, step] token
     log_probs = np.zeros(count)
-    produced = np.zeros(count, dtype=np.int64)
-    alignments: list[list[np.ndarray]] = [[] for _ in range(count)]
+    produced = np.zeros(count, dtype=np.int64)  # tokens produced, </s> included
+    alignments = np.zeros((count, steps, source_width), np.float32) if options.alignment else None
     feed = np.full(count, engine.start_id, dtype=np.int64)
 
-    for step in range(int(limits.max())):
+    for step in range(steps):
         result = engine.step(state, feed, top_k=1, want_alignment=options.alignment)
         best = result.top_ids[:, 0]  # [rows]
-        step_alignment = result.alignment
+        output[sentence_of_row, step] = best
         log_probs[sentence_of_row] += result.top_log_probs[:, 0]
         produced[sentence_of_row] += 1
-        for row, sentence in enumerate(sentence_of_row):
-            if best[row] != engine.eos_id:
-                tokens[sentence].append(int(best[row]))
-            if step_alignment is not None:
-                alignments[sentence].append(step_alignment[row, : source_lengths[sentence]])
+        if alignments is not None:  # [rows, S'] (S' <= S once padding is cut)
+            alignments[sentence_of_row, step, : result.alignment.shape[1]] = result.alignment
         ended = (best == engine.eos_id) | (step + 1 >= limits[sentence_of_row])
         if ended.any():
             keep = np.flatnonzero(~ended)
             if keep.size == 0:
                 break
-            state = state.select_rows(keep)
+            state.select_rows(keep)  # one row per sentence: rows and sources leave together
+            state.select_sources(keep)
             sentence_of_row, best = sentence_of_row[keep], best[keep]
         feed = best
 
-    return [
-        Hypothesis(
-            tokens[i],
-            float(log_probs[i] / produced[i] ** options.length_penalty),
-            float(log_probs[i]),
-            np.stack(alignments[i]) if options.alignment else None,
-        )
-        for i in range(count)
-    ]
+    hypotheses = []
+    for i in range(count):
+        tokens = output[i, : produced[i]].tolist()
+        if tokens[-1] == engine.eos_id:
+            tokens.pop()
+        alignment = alignments[i, : produced[i], : source_lengths[i]] if options.alignment else None
+        score = float(log_probs[i] / produced[i] ** options.length_penalty)
+        hypotheses.append(Hypothesis(tokens, score, float(log_probs[i]), alignment))
+    return hypotheses
 
 
 def _top_candidates(candidates: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -126,6 +124,9 @@ def beam_search(
     ending in </s> among the first K is finished; the best K others stay open. A sentence is
     done when it has K finished hypotheses and its best open beam, scored at the current
     length, cannot beat the worst of them, or at its length limit; it then leaves the batch.
+
+    The bookkeeping is vectorized over sentences; only finished hypotheses are handled one
+    by one (a few per sentence in all).
     """
     width, penalty = options.beam_size, options.length_penalty
     if not 1 <= options.n_best <= width:
@@ -133,19 +134,23 @@ def beam_search(
     source_ids, source_mask = pad_sources(sources, engine.pad_id)
     count, source_width = source_ids.shape
     source_lengths = [len(s) for s in sources]
-    limits = [length_limit(n, options.max_length, engine.max_positions) for n in source_lengths]
+    limits = np.array(
+        [length_limit(n, options.max_length, engine.max_positions) for n in source_lengths]
+    )
 
-    # Every live sentence owns K consecutive rows: row j*K + k is beam k of alive[j].
-    state = engine.start(source_ids, source_mask).select_rows(np.repeat(np.arange(count), width))
+    # Every live sentence owns K consecutive rows: row j*K + k is beam k of alive[j]. The
+    # sentence's source keys/values are kept once and shared by its K rows.
+    state = engine.start(source_ids, source_mask, rows_per_source=width)
     alive = np.arange(count)
     scores = np.full((count, width), -np.inf)
     scores[:, 0] = 0.0  # only beam 0 is live at first, so the K beams don't all pick one token
     sequences = np.zeros((count * width, 0), dtype=np.int64)
     history = np.zeros((count * width, 0, source_width), dtype=np.float32)  # alignment so far
     finished: list[list[Hypothesis]] = [[] for _ in range(count)]
+    kth_best = np.full(count, -np.inf)  # score of the K-th best finished hypothesis, if K exist
     feed = np.full(count * width, engine.start_id, dtype=np.int64)
 
-    for step in range(max(limits)):
+    for step in range(int(limits.max())):
         length = step + 1
         # Each beam's 2K best next tokens: a sentence's 2K best continuations are among them.
         result = engine.step(state, feed, top_k=2 * width, want_alignment=options.alignment)
@@ -156,60 +161,48 @@ def beam_search(
             history = np.concatenate([history, padded], axis=1)
         # candidates [live, K * 2K]: a beam's score plus the log-prob of one of its top tokens
         candidates = scores[:, :, None] + result.top_log_probs.reshape(live, width, 2 * width)
-        top, top_scores = _top_candidates(candidates.reshape(live, -1), 2 * width)
-        top_origin = top // (2 * width)  # which beam of the sentence
-        top_token = result.top_ids.reshape(live, -1)[np.arange(live)[:, None], top]
+        top, top_scores = _top_candidates(candidates.reshape(live, -1), 2 * width)  # [live, 2K]
+        first_row = np.arange(live)[:, None] * width
+        top_row = first_row + top // (2 * width)  # the beam (row) each candidate continues
+        top_token = np.take_along_axis(result.top_ids.reshape(live, -1), top, axis=1)
+        at_limit = length >= limits[alive]  # [live]
+        valid = top_scores > -np.inf
+        ends = valid & ((top_token == engine.eos_id) | at_limit[:, None])
 
-        next_scores = np.full((live, width), -np.inf)
-        next_rows = np.repeat(np.arange(live) * width, width)  # filler rows keep -inf scores
-        next_tokens = np.full(live * width, engine.pad_id, dtype=np.int64)
-        done = np.zeros(live, dtype=bool)
-        for j, sentence in enumerate(alive):
-            at_limit = length >= limits[sentence]
-            kept = 0
-            for rank in range(2 * width):
-                score = float(top_scores[j, rank])
-                if score == -math.inf:
-                    break
-                row, token = j * width + int(top_origin[j, rank]), int(top_token[j, rank])
-                if token == engine.eos_id or at_limit:
-                    if rank < width:
-                        body = sequences[row].tolist() + ([] if token == engine.eos_id else [token])
-                        alignment = (
-                            history[row, :, : source_lengths[sentence]]
-                            if options.alignment
-                            else None
-                        )
-                        finished[sentence].append(
-                            Hypothesis(body, score / length**penalty, score, alignment)
-                        )
-                    continue
-                next_scores[j, kept] = score
-                next_rows[j * width + kept] = row
-                next_tokens[j * width + kept] = token
-                kept += 1
-                if kept == width:
-                    break
-            if at_limit:
-                done[j] = True
-            elif len(finished[sentence]) >= width:
-                worst_kept = sorted(h.score for h in finished[sentence])[-width]
-                done[j] = next_scores[j].max() / length**penalty <= worst_kept
+        # Candidates that end among the first K are finished hypotheses.
+        for j, rank in zip(*np.nonzero(ends[:, :width]), strict=True):
+            sentence, row, token = alive[j], top_row[j, rank], top_token[j, rank]
+            body = sequences[row].tolist() + ([] if token == engine.eos_id else [int(token)])
+            score = float(top_scores[j, rank])
+            alignment = history[row, :, : source_lengths[sentence]] if options.alignment else None
+            finished[sentence].append(Hypothesis(body, score / length**penalty, score, alignment))
+            if len(finished[sentence]) >= width:
+                kth_best[sentence] = sorted(h.score for h in finished[sentence])[-width]
+
+        # The K best of the others stay open (fewer only when the sentence is done anyway).
+        open_ = valid & ~ends
+        pick = np.argsort(~open_, axis=1, kind="stable")[:, :width]  # open first, by rank
+        picked = np.take_along_axis(open_, pick, axis=1)  # [live, K]
+        next_scores = np.where(picked, np.take_along_axis(top_scores, pick, axis=1), -np.inf)
+        next_rows = np.where(picked, np.take_along_axis(top_row, pick, axis=1), first_row)
+        next_tokens = np.where(picked, np.take_along_axis(top_token, pick, axis=1), engine.pad_id)
+
+        complete = np.isfinite(kth_best[alive])
+        cannot_improve = next_scores.max(axis=1) / length**penalty <= kth_best[alive]
+        done = at_limit | (complete & cannot_improve)
         if done.all():
             break
 
         # Reorder everything that belongs to a beam by the beam it came from; drop done sentences.
         kept_sentences = np.flatnonzero(~done)
-        kept_rows = (kept_sentences[:, None] * width + np.arange(width)).reshape(-1)
-        rows = next_rows[kept_rows]
-        sequences = np.concatenate([sequences[rows], next_tokens[kept_rows, None]], axis=1)
+        rows = next_rows[kept_sentences].reshape(-1)
+        tokens = next_tokens[kept_sentences].reshape(-1)
+        sequences = np.concatenate([sequences[rows], tokens[:, None]], axis=1)
         if options.alignment:
             history = history[rows]
-        state = state.select_rows(rows, cross_changed=bool(done.any()))
-        scores, alive, feed = (
-            next_scores[kept_sentences],
-            alive[kept_sentences],
-            next_tokens[kept_rows],
-        )
+        state.select_rows(rows)
+        if done.any():
+            state.select_sources(kept_sentences)
+        scores, alive, feed = next_scores[kept_sentences], alive[kept_sentences], tokens
 
     return [sorted(f, key=lambda h: -h.score)[: options.n_best] for f in finished]

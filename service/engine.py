@@ -1,15 +1,16 @@
 """ONNX Runtime sessions for one bundle: encode once, then one decoder step at a time.
 
-Where the time goes (measured in docs/benchmarks.md):
+Where the time goes (measured in docs/benchmarks.md and docs/performance.md):
 * at batch 1, per-step overhead dominates: the session call itself, feeding inputs and
   converting outputs. We ask only for the outputs we need (no alignment unless asked).
 * at batch 32+ (and in beam search), the decoder's matmuls and the output projection
-  [rows, D] x [D, V] dominate; the self-attention cache grows by Concat inside the graph,
-  which copies the cache once per step, and beam search reorders it with one gather per step.
+  [rows, D] x [D, V] dominate; the self-attention cache grows by one Concat per layer inside
+  the graph, and beam search reorders it with one gather per layer and step.
 
-Caches are numpy arrays [L, rows, H, length, Dh]: ONNX Runtime reads numpy inputs in place
-(no copy on the CPU), so the step loop copies only what decoding needs (the Concat in the
-graph, and a gather when rows are reordered or dropped).
+Keys and values are numpy arrays, one per layer: ONNX Runtime reads numpy inputs in place (no
+copy on the CPU) and hands outputs back as arrays over its own buffers, so the step loop copies
+only what decoding needs. The cross-attention keys/values have one row per source sentence,
+shared by the K rows (beams) of that sentence; they only move when sentences leave the batch.
 """
 
 from __future__ import annotations
@@ -50,58 +51,49 @@ def _session(path, options: EngineOptions) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), settings, providers=["CPUExecutionProvider"])
 
 
+def layer_names(kind: str, layers: int) -> list[str]:
+    """The bundle's names for per-layer keys/values (format 3), layer by layer:
+    [f"{kind}_keys_0", f"{kind}_values_0", f"{kind}_keys_1", ...]"""
+    return [f"{kind}_{part}_{i}" for i in range(layers) for part in ("keys", "values")]
+
+
 @dataclass
 class DecoderState:
-    """Everything a step needs besides the last tokens. Row r of every array is the same row.
+    """Everything a step needs besides the last tokens.
 
-    cross_keys, cross_values [L, rows, H, S, Dh]; source_mask [rows, S] bool;
-    past_keys, past_values [L, rows, H, P, Dh]: the self-attention cache (cached decoder);
+    Rows are grouped by source: rows k*K .. k*K+K-1 belong to source k (K = rows_per_source,
+    the beam size; 1 in greedy search).
+    cross: keys_0, values_0, keys_1, ... each [sources, H, S, Dh]; source_mask [sources, S];
+    past: the self-attention cache, keys_0, values_0, ... each [rows, H, P, Dh];
     prefix [rows, P]: every token fed so far (only kept by the no-cache decoder).
     """
 
-    cross_keys: np.ndarray
-    cross_values: np.ndarray
+    cross: list[np.ndarray]
     source_mask: np.ndarray
-    past_keys: np.ndarray
-    past_values: np.ndarray
+    past: list[np.ndarray]
     prefix: np.ndarray
 
-    def select_rows(self, rows: np.ndarray, cross_changed: bool = True) -> DecoderState:
-        """Keep (and reorder) rows. Cross keys/values only move when rows leave or change
-        sentence; beam reordering within a sentence leaves them as they are."""
-        if cross_changed:
-            cross_keys, cross_values = self.cross_keys[:, rows], self.cross_values[:, rows]
-            source_mask = self.source_mask[rows]
-            # Cut source padding that no remaining row needs (the batch is length-sorted).
-            width = int(source_mask.sum(axis=1).max())
-            if width < source_mask.shape[1]:
-                cross_keys, cross_values = (
-                    cross_keys[:, :, :, :width],
-                    cross_values[:, :, :, :width],
-                )
-                source_mask = source_mask[:, :width]
-        else:
-            cross_keys, cross_values, source_mask = (
-                self.cross_keys,
-                self.cross_values,
-                self.source_mask,
-            )
-        return DecoderState(
-            cross_keys,
-            cross_values,
-            source_mask,
-            self.past_keys[:, rows],
-            self.past_values[:, rows],
-            self.prefix[rows],
-        )
+    def select_rows(self, rows: np.ndarray) -> None:
+        """Keep (and reorder) rows of the self-attention cache: rows[i] is the row that new
+        row i continues (beam search reorders by beam origin; finished rows are left out)."""
+        self.past = [np.take(cache, rows, axis=0) for cache in self.past]
+        self.prefix = np.take(self.prefix, rows, axis=0)
+
+    def select_sources(self, sources: np.ndarray) -> None:
+        """Keep the sources still being decoded, and cut the source padding that none of
+        them needs (batches are length-sorted, so the longest often leave first)."""
+        source_mask = np.take(self.source_mask, sources, axis=0)
+        width = int(source_mask.sum(axis=1).max())
+        self.source_mask = source_mask[:, :width]
+        self.cross = [np.take(cache, sources, axis=0)[:, :, :width] for cache in self.cross]
 
 
 @dataclass
 class StepResult:
-    top_log_probs: np.ndarray | None = None  # [rows, k], best first
-    top_ids: np.ndarray | None = None  # [rows, k] int64
-    log_probs: np.ndarray | None = None  # [rows, V], only when asked for
+    top_log_probs: np.ndarray  # [rows, k], best first
+    top_ids: np.ndarray  # [rows, k] int64
     alignment: np.ndarray | None = None  # [rows, S], only when asked for
+    log_probs: np.ndarray | None = None  # [rows, V], only from step_log_probs
 
 
 class Engine:
@@ -116,22 +108,28 @@ class Engine:
             dims["n_heads"],
             dims["head_dim"],
         )
-        self.max_positions = dims["max_positions"]
+        self.max_positions, self.vocab_size = dims["max_positions"], dims["vocab_size"]
         ids = bundle.special_ids
         self.eos_id, self.pad_id, self.start_id = ids["eos"], ids["pad"], ids["decoder_start"]
+        self.cross_names = layer_names("cross", self.layers)
+        self.past_names = layer_names("past", self.layers)
+        self.present_names = layer_names("present", self.layers)
         self.encoder = _session(bundle.graph("encoder", self.options.int8), self.options)
         role = "decoder" if self.options.use_cache else "decoder_nocache"
         self.decoder = _session(bundle.graph(role, self.options.int8), self.options)
 
-    def start(self, source_ids: np.ndarray, source_mask: np.ndarray) -> DecoderState:
-        """Encode a batch: source_ids [B, S] int64, source_mask [B, S] bool."""
-        cross_keys, cross_values = self.encoder.run(
-            None, {"source_ids": source_ids, "source_mask": source_mask}
+    def start(
+        self, source_ids: np.ndarray, source_mask: np.ndarray, rows_per_source: int = 1
+    ) -> DecoderState:
+        """Encode a batch: source_ids [sources, S] int64, source_mask [sources, S] bool.
+        Decoding then runs rows_per_source rows (beams) for every source."""
+        cross = self.encoder.run(
+            self.cross_names, {"source_ids": source_ids, "source_mask": source_mask}
         )
-        rows = source_ids.shape[0]
-        empty = np.zeros((self.layers, rows, self.heads, 0, self.head_dim), dtype=np.float32)
+        rows = source_ids.shape[0] * rows_per_source
+        empty = np.zeros((rows, self.heads, 0, self.head_dim), dtype=np.float32)
         prefix = np.zeros((rows, 0), dtype=np.int64)
-        return DecoderState(cross_keys, cross_values, source_mask, empty, empty, prefix)
+        return DecoderState(cross, source_mask, [empty] * len(self.past_names), prefix)
 
     def step(
         self, state: DecoderState, tokens: np.ndarray, top_k: int, want_alignment: bool = False
@@ -142,49 +140,37 @@ class Engine:
         their log-probs (selected in the graph, so [rows, V] never leaves it), and this step's
         cross-attention weights [rows, S] when asked for.
         """
-        outputs = ["top_log_probs", "top_ids"]
-        return self._run(state, tokens, top_k, outputs, want_alignment)
+        return self._run(state, tokens, top_k, want_alignment)
 
     def step_log_probs(
         self, state: DecoderState, tokens: np.ndarray, want_alignment: bool = False
     ) -> StepResult:
-        """Like step, but with the full log-probs [rows, V] (for checks against torch)."""
-        return self._run(state, tokens, 1, ["log_probs"], want_alignment)
+        """Like step, but with the full log-probs [rows, V] (for checks against torch): the
+        top V, put back in vocabulary order."""
+        result = self._run(state, tokens, self.vocab_size, want_alignment)
+        log_probs = np.empty_like(result.top_log_probs)
+        np.put_along_axis(log_probs, result.top_ids, result.top_log_probs, axis=1)
+        result.log_probs = log_probs
+        return result
 
     def _run(
-        self,
-        state: DecoderState,
-        tokens: np.ndarray,
-        top_k: int,
-        outputs: list[str],
-        alignment: bool,
+        self, state: DecoderState, tokens: np.ndarray, top_k: int, alignment: bool
     ) -> StepResult:
-        top_k_input = np.array(top_k, dtype=np.int64)
+        feeds = {
+            "source_mask": state.source_mask,
+            "top_k": np.array(top_k, dtype=np.int64),
+            **dict(zip(self.cross_names, state.cross, strict=True)),
+        }
+        outputs = ["top_log_probs", "top_ids"]
         if not self.options.use_cache:
             # Recompute every position of the prefix: what decoding costs without the cache.
             state.prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)
-            feeds = {
-                "target_ids": state.prefix,
-                "cross_keys": state.cross_keys,
-                "cross_values": state.cross_values,
-                "source_mask": state.source_mask,
-                "top_k": top_k_input,
-            }
-            results = dict(zip(outputs, self.decoder.run(outputs, feeds), strict=True))
-            return StepResult(**results)
-        outputs = [*outputs, "present_keys", "present_values"] + (
-            ["alignment"] if alignment else []
-        )
-        feeds = {
-            "target_ids": tokens[:, None],
-            "past_keys": state.past_keys,
-            "past_values": state.past_values,
-            "cross_keys": state.cross_keys,
-            "cross_values": state.cross_values,
-            "source_mask": state.source_mask,
-            "top_k": top_k_input,
-        }
-        results = dict(zip(outputs, self.decoder.run(outputs, feeds), strict=True))
-        state.past_keys = results.pop("present_keys")
-        state.past_values = results.pop("present_values")
-        return StepResult(**results)
+            feeds["target_ids"] = state.prefix
+            return StepResult(*self.decoder.run(outputs, feeds))
+        feeds["target_ids"] = tokens[:, None]
+        feeds.update(zip(self.past_names, state.past, strict=True))
+        if alignment:
+            outputs.append("alignment")
+        values = self.decoder.run(outputs + self.present_names, feeds)
+        state.past = values[len(outputs) :]
+        return StepResult(*values[: len(outputs)])

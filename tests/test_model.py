@@ -73,3 +73,26 @@ def test_alignment_weights_cover_only_real_source_tokens(model: Transformer) -> 
     assert weights.shape == (3, 1, 9)  # [B, T, S]
     assert torch.allclose(weights.sum(-1), torch.ones(3, 1))
     assert weights.masked_select(~source_mask[:, None, :]).abs().max() == 0
+
+
+def test_beams_sharing_one_copy_of_the_source_equal_beams_with_their_own(
+    model: Transformer,
+) -> None:
+    """Cross keys/values per sentence, the K beams as K queries, equal K repeated copies."""
+    source_ids, source_mask = padded_batch()
+    beams, steps = 3, 6
+    target = torch.randint(3, 60, (3 * beams, steps), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        shared = model.cross_keys_values(model.encode(source_ids, source_mask))  # [3, H, S, Dh]
+        repeated = [
+            (k.repeat_interleave(beams, 0), v.repeat_interleave(beams, 0)) for k, v in shared
+        ]
+        mask_repeated = source_mask.repeat_interleave(beams, 0)
+        past_a, past_b = model.empty_cache(3 * beams), model.empty_cache(3 * beams)
+        for step in range(steps):
+            tokens = target[:, step : step + 1]
+            logits_a, past_a, weights_a = model.decode(tokens, past_a, shared, source_mask)
+            logits_b, past_b, weights_b = model.decode(tokens, past_b, repeated, mask_repeated)
+            assert (logits_a - logits_b).abs().max() <= 1e-5
+            assert (weights_a - weights_b).abs().max() <= 1e-6
+            assert weights_a.shape == (3 * beams, 1, 9)

@@ -68,7 +68,7 @@ def test_decoder_steps_match_torch_for_a_padded_batch(tiny_checkpoint: Path, tin
     state = engine.start(source_ids.numpy(), source_mask.numpy())
     with torch.no_grad():
         cross = model.cross_keys_values(model.encode(source_ids, source_mask))
-        np.testing.assert_allclose(state.cross_keys[1], cross[1][0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(state.cross[2], cross[1][0].numpy(), atol=1e-5)  # layer 1 keys
         past = model.empty_cache(4)
         for step in range(steps):
             logits, past, weights = model.decode(
@@ -78,21 +78,58 @@ def test_decoder_steps_match_torch_for_a_padded_batch(tiny_checkpoint: Path, tin
             result = engine.step_log_probs(state, targets[:, step].numpy(), want_alignment=True)
             assert np.abs(result.log_probs - expected).max() <= 1e-4, f"step {step}"
             np.testing.assert_allclose(result.alignment, weights[:, -1].numpy(), atol=1e-5)
-            assert state.past_keys.shape[3] == step + 1
+            assert state.past[0].shape == (4, 4, step + 1, 16)  # [B, H, P, Dh]
 
 
 def test_the_nocache_decoder_gives_the_same_log_probs(tiny_bundle: Path) -> None:
+    """Also with two rows (beams) per source, sharing its cross-attention keys/values."""
     bundle = load_bundle(tiny_bundle)
     cached, uncached = Engine(bundle), Engine(bundle, EngineOptions(use_cache=False))
     sources = random_sources(3, 400, seed=4)
     ids, mask = pad(sources, 0).numpy(), (pad(sources, 0) != 0).numpy()
-    state_a, state_b = cached.start(ids, mask), uncached.start(ids, mask)
-    tokens = np.zeros(3, dtype=np.int64)
+    state_a, state_b = cached.start(ids, mask, 2), uncached.start(ids, mask, 2)
+    tokens = np.zeros(6, dtype=np.int64)
     for step in range(8):
         a = cached.step_log_probs(state_a, tokens).log_probs
         b = uncached.step_log_probs(state_b, tokens).log_probs
         np.testing.assert_allclose(a, b, atol=1e-4)
-        tokens = np.random.default_rng(step).integers(3, 400, 3)
+        tokens = np.random.default_rng(step).integers(3, 400, 6)
+
+
+def test_beams_sharing_the_source_match_torch_with_a_copy_per_beam(
+    tiny_checkpoint: Path, tiny_bundle: Path
+) -> None:
+    """Rows reordered and sources dropped between steps, as beam search does."""
+    model, _ = load_model_dir(tiny_checkpoint)
+    engine = Engine(load_bundle(tiny_bundle))
+    sources = random_sources(3, 400, seed=9)
+    source_ids = pad(sources, 0)
+    source_mask = source_ids != 0
+    state = engine.start(source_ids.numpy(), source_mask.numpy(), rows_per_source=2)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        cross = model.cross_keys_values(model.encode(source_ids, source_mask))
+        cross = [(k.repeat_interleave(2, 0), v.repeat_interleave(2, 0)) for k, v in cross]
+        mask = source_mask.repeat_interleave(2, 0)
+        past = model.empty_cache(6)
+        tokens = torch.zeros(6, dtype=torch.long)
+        for step in range(6):
+            logits, past, _ = model.decode(tokens[:, None], past, cross, mask)
+            expected = torch.log_softmax(logits[:, -1], dim=-1).numpy()
+            got = engine.step_log_probs(state, tokens.numpy()).log_probs
+            assert np.abs(got - expected).max() <= 1e-4, f"step {step}"
+            # swap the beams of every source, then (at step 3) drop source 1
+            rows = torch.arange(len(tokens)).view(-1, 2).flip(1).reshape(-1)
+            if step == 3:
+                rows = torch.tensor([1, 0, 5, 4])
+            past = [(k[rows], v[rows]) for k, v in past]
+            state.select_rows(rows.numpy())
+            if step == 3:
+                kept = torch.tensor([0, 2])
+                cross = [(k[rows], v[rows]) for k, v in cross]
+                mask = mask[rows]
+                state.select_sources(kept.numpy())
+            tokens = torch.randint(3, 400, (len(rows),), generator=generator)
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])

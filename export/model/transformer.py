@@ -102,7 +102,8 @@ class DecoderLayer(nn.Module):
         """One decoder layer over T new target positions.
 
         x [B, T, D]; past keys/values [B, H, P, Dh]; self_bias [1, 1, T, P+T];
-        cross keys/values [B, H, S, Dh]; source_bias [B, 1, 1, S].
+        cross keys/values [B/K, H, S, Dh] and source_bias [B/K, 1, 1, S], one per source
+        (K rows per source: K = 1 unless beams share it).
         Returns x [B, T, D], present keys/values [B, H, P+T, Dh], cross weights [B, H, T, S].
         """
         # Self-attention: the new positions look at the target written so far (and themselves).
@@ -115,9 +116,21 @@ class DecoderLayer(nn.Module):
         x = self.self_attn_layer_norm(x + self.dropout(attended))
 
         # Cross-attention: queries from the target side, keys/values from the source (cached).
-        queries = self.cross_attn.project_queries(x)
+        # The source may be shared by several rows (the K beams of a sentence in beam search):
+        # then cross keys/values hold one copy per source, [B/K, H, S, Dh], and the K rows of
+        # a source are simply K * T queries against it. Without sharing, K = 1.
+        sources = cross[0].shape[0]
+        queries = self.cross_attn.project_queries(x.reshape(sources, -1, x.shape[-1]))
         attended, cross_weights = self.cross_attn.attend(queries, cross[0], cross[1], source_bias)
-        x = self.cross_attn_layer_norm(x + self.dropout(attended))
+        x = self.cross_attn_layer_norm(x + self.dropout(attended.reshape(x.shape)))
+        # [B/K, H, K*T, S] -> [B, H, T, S]: each row's own weights again
+        batch, length = x.shape[0], x.shape[1]
+        heads, source_length = cross_weights.shape[1], cross_weights.shape[3]
+        cross_weights = (
+            cross_weights.reshape(sources, heads, -1, length, source_length)
+            .transpose(1, 2)
+            .reshape(batch, heads, length, source_length)
+        )
 
         x = self.final_layer_norm(x + self.dropout(self.ffn(x)))
         return x, (keys, values), cross_weights
@@ -189,8 +202,9 @@ class Transformer(nn.Module):
     ) -> tuple[torch.Tensor, DecoderCache, torch.Tensor]:
         """Run the decoder over T new target positions that follow P cached ones.
 
-        target_ids [B, T]; past: per layer [B, H, P, Dh]; cross: per layer [B, H, S, Dh];
-        source_mask [B, S].
+        target_ids [B, T]; past: per layer [B, H, P, Dh]; cross: per layer [B/K, H, S, Dh];
+        source_mask [B/K, S]. K rows share each source (rows b*K .. b*K+K-1: the beams of
+        sentence b); K = 1 when every row has its own.
         Returns logits [B, T, V], present cache (per layer [B, H, P+T, Dh]) and the last
         layer's cross-attention weights averaged over heads [B, T, S] (the alignment).
         """
