@@ -72,8 +72,8 @@ def _top_log_probs(last_logits: torch.Tensor, top_k: torch.Tensor):
     """last_logits [B, V] -> the top_k log-probs of the next token and their ids [B, k].
 
     Selecting in the graph means a step hands back [B, k] instead of [B, V] to the engine:
-    greedy asks for k = 1, beam search for k = 2 * beam (enough: a sentence's 2K best
-    continuations are always among its beams' own 2K best tokens).
+    greedy asks for k = 1, beam search for k = beam + 1 (see service/decoding.py for why
+    that is enough).
     (Normalizing only the k chosen, logit - logsumexp, was measured slower: ONNX Runtime's
     ReduceLogSumExp is several times slower than its LogSoftmax.)
     """

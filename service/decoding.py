@@ -152,18 +152,20 @@ def beam_search(
 
     for step in range(int(limits.max())):
         length = step + 1
-        # Each beam's 2K best next tokens: a sentence's 2K best continuations are among them.
-        result = engine.step(state, feed, top_k=2 * width, want_alignment=options.alignment)
+        # Each beam's K+1 best next tokens are enough: ranking a sentence's continuations
+        # stops once K are kept open, so no beam gets more than K open ones and one </s> in.
+        per_beam = width + 1
+        result = engine.step(state, feed, top_k=per_beam, want_alignment=options.alignment)
         live = len(alive)
         if options.alignment:
             padded = np.zeros((live * width, 1, source_width), dtype=np.float32)
             padded[:, 0, : result.alignment.shape[1]] = result.alignment
             history = np.concatenate([history, padded], axis=1)
-        # candidates [live, K * 2K]: a beam's score plus the log-prob of one of its top tokens
-        candidates = scores[:, :, None] + result.top_log_probs.reshape(live, width, 2 * width)
+        # candidates [live, K * (K+1)]: a beam's score plus the log-prob of one of its tokens
+        candidates = scores[:, :, None] + result.top_log_probs.reshape(live, width, per_beam)
         top, top_scores = _top_candidates(candidates.reshape(live, -1), 2 * width)  # [live, 2K]
         first_row = np.arange(live)[:, None] * width
-        top_row = first_row + top // (2 * width)  # the beam (row) each candidate continues
+        top_row = first_row + top // per_beam  # the beam (row) each candidate continues
         top_token = np.take_along_axis(result.top_ids.reshape(live, -1), top, axis=1)
         at_limit = length >= limits[alive]  # [live]
         valid = top_scores > -np.inf

@@ -95,13 +95,14 @@ class DecoderLayer(nn.Module):
         self,
         x: torch.Tensor,
         past: tuple[torch.Tensor, torch.Tensor],
-        self_bias: torch.Tensor,
+        self_bias: torch.Tensor | None,
         cross: tuple[torch.Tensor, torch.Tensor],
         source_bias: torch.Tensor,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         """One decoder layer over T new target positions.
 
-        x [B, T, D]; past keys/values [B, H, P, Dh]; self_bias [1, 1, T, P+T];
+        x [B, T, D]; past keys/values [B, H, P, Dh];
+        self_bias [1, 1, T, P+T], or None when nothing is masked (T = 1);
         cross keys/values [B/K, H, S, Dh] and source_bias [B/K, 1, 1, S], one per source
         (K rows per source: K = 1 unless beams share it).
         Returns x [B, T, D], present keys/values [B, H, P+T, Dh], cross weights [B, H, T, S].
@@ -210,7 +211,8 @@ class Transformer(nn.Module):
         """
         past_length = past[0][0].shape[2]
         length = target_ids.shape[1]
-        self_bias = causal_bias(length, past_length, target_ids.device)
+        # One new position may look at every earlier one and itself: nothing to mask then.
+        self_bias = causal_bias(length, past_length, target_ids.device) if length > 1 else None
         source_bias = padding_bias(source_mask)
         x = self.embed(target_ids, past_length)
         present: DecoderCache = []
