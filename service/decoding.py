@@ -138,33 +138,36 @@ def beam_search(
         [length_limit(n, options.max_length, engine.max_positions) for n in source_lengths]
     )
 
-    # Every live sentence owns K consecutive rows: row j*K + k is beam k of alive[j]. The
-    # sentence's source keys/values are kept once and shared by its K rows.
-    state = engine.start(source_ids, source_mask, rows_per_source=width)
-    alive = np.arange(count)
-    scores = np.full((count, width), -np.inf)
-    scores[:, 0] = 0.0  # only beam 0 is live at first, so the K beams don't all pick one token
-    sequences = np.zeros((count * width, 0), dtype=np.int64)
-    history = np.zeros((count * width, 0, source_width), dtype=np.float32)  # alignment so far
+    # Every live sentence owns `beams` consecutive rows: row j*beams + k is beam k of alive[j].
+    # A sentence starts with one beam (nothing to tell beams apart yet); the K best first
+    # tokens then make its K beams. Its source keys/values are kept once, shared by its rows.
+    state = engine.start(source_ids, source_mask)
+    alive, beams = np.arange(count), 1
+    scores = np.zeros((count, beams))  # [live, beams]: sum of log-probs so far
+    sequences = np.zeros((count, 0), dtype=np.int64)  # [rows, length]
+    history = np.zeros((count, 0, source_width), dtype=np.float32)  # alignment so far
     finished: list[list[Hypothesis]] = [[] for _ in range(count)]
     kth_best = np.full(count, -np.inf)  # score of the K-th best finished hypothesis, if K exist
-    feed = np.full(count * width, engine.start_id, dtype=np.int64)
+    feed = np.full(count, engine.start_id, dtype=np.int64)
+    # Each beam's K+1 best next tokens are enough: ranking a sentence's continuations stops
+    # once K are kept open, so no beam gets more than K open ones and one </s> in.
+    per_beam = width + 1
 
     for step in range(int(limits.max())):
         length = step + 1
-        # Each beam's K+1 best next tokens are enough: ranking a sentence's continuations
-        # stops once K are kept open, so no beam gets more than K open ones and one </s> in.
-        per_beam = width + 1
         result = engine.step(state, feed, top_k=per_beam, want_alignment=options.alignment)
         live = len(alive)
         if options.alignment:
-            padded = np.zeros((live * width, 1, source_width), dtype=np.float32)
+            padded = np.zeros((live * beams, 1, source_width), dtype=np.float32)
             padded[:, 0, : result.alignment.shape[1]] = result.alignment
             history = np.concatenate([history, padded], axis=1)
-        # candidates [live, K * (K+1)]: a beam's score plus the log-prob of one of its tokens
-        candidates = scores[:, :, None] + result.top_log_probs.reshape(live, width, per_beam)
-        top, top_scores = _top_candidates(candidates.reshape(live, -1), 2 * width)  # [live, 2K]
-        first_row = np.arange(live)[:, None] * width
+        # candidates [live, beams * (K+1)]: a beam's score plus the log-prob of one of its tokens
+        candidates = scores[:, :, None] + result.top_log_probs.reshape(live, beams, per_beam)
+        candidates = candidates.reshape(live, -1)
+        # At most K open ones and one </s> per beam are looked at: 2K, or all there are.
+        ranked = min(2 * width, candidates.shape[1])
+        top, top_scores = _top_candidates(candidates, ranked)  # [live, ranked], best first
+        first_row = np.arange(live)[:, None] * beams
         top_row = first_row + top // per_beam  # the beam (row) each candidate continues
         top_token = np.take_along_axis(result.top_ids.reshape(live, -1), top, axis=1)
         at_limit = length >= limits[alive]  # [live]
@@ -206,5 +209,6 @@ def beam_search(
         if done.any():
             state.select_sources(kept_sentences)
         scores, alive, feed = next_scores[kept_sentences], alive[kept_sentences], tokens
+        beams = width
 
     return [sorted(f, key=lambda h: -h.score)[: options.n_best] for f in finished]

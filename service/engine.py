@@ -84,8 +84,12 @@ class DecoderState:
         them needs (batches are length-sorted, so the longest often leave first)."""
         source_mask = np.take(self.source_mask, sources, axis=0)
         width = int(source_mask.sum(axis=1).max())
-        self.source_mask = source_mask[:, :width]
-        self.cross = [np.take(cache, sources, axis=0)[:, :, :width] for cache in self.cross]
+        # Made contiguous here, once: ONNX Runtime would copy a strided view at every step.
+        self.source_mask = np.ascontiguousarray(source_mask[:, :width])
+        self.cross = [
+            np.ascontiguousarray(np.take(cache, sources, axis=0)[:, :, :width])
+            for cache in self.cross
+        ]
 
 
 @dataclass
