@@ -550,7 +550,8 @@ def speed_markdown(rows: list[dict], setup: dict, command: str, svg_name: str) -
     keys = [k for k in SEARCHES if k in rows[0]["cells"]]
     versions = ", ".join(f"{k} {v}" for k, v in setup["versions"].items())
     lines = [
-        "## Same weights: ours vs CTranslate2 vs transformers",
+        "## Same weights: ours vs CTranslate2 vs transformers, "
+        f"{setup['threads'] or 'all cores as'} thread(s) per engine",
         "",
         f"Reproduce: `{command}`",
         "",
@@ -668,6 +669,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", type=Path, default=Path("build/compare"))
     parser.add_argument("--out", type=Path, default=BENCHMARKS, help="markdown page to update")
     parser.add_argument(
+        "--section",
+        default="compare",
+        help="section of the page for the speed table (e.g. compare-2-threads for a second "
+        "thread setting; the chart is then compare-2-threads.svg)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="also profile ours int8 at beam 4, batch 32 (ONNX Runtime profiler): where the "
@@ -696,6 +703,8 @@ def _command(args: argparse.Namespace) -> str:
         command += f" --engines '{args.engines}'"
     if args.parity_lines:
         command += f" --parity-lines {args.parity_lines}"
+    if args.section != "compare":
+        command += f" --section {args.section}"
     if args.profile:
         command += " --profile"
     return command
@@ -751,14 +760,14 @@ def run_from_args(args: argparse.Namespace) -> int:
         "versions": _versions(),
         "checkpoint": str(args.checkpoint),
     }
-    svg_path = args.out.parent / "compare.svg"
+    svg_path = args.out.parent / f"{args.section}.svg"
     svg_path.parent.mkdir(parents=True, exist_ok=True)
     svg_path.write_text(svg_chart(rows, f"Tokens/s on {len(sources)} sentences, same weights"))
     command = _command(args)
     markdown = speed_markdown(rows, setup, command, svg_path.name)
     if profile:
         markdown += "\n\n" + profile_markdown(profile)
-    replace_section("compare", markdown, args.out)
+    replace_section(args.section, markdown, args.out)
     summary = {
         r["name"]: {_label(k): round(c["tps"], 1) for k, c in r["cells"].items()} for r in rows
     }
