@@ -153,17 +153,24 @@ def test_engine_search_equals_the_torch_reference(tiny_checkpoint, tiny_bundle, 
             assert a.score == pytest.approx(b.score, abs=1e-3)
 
 
-def test_top_k_selected_in_the_graph_matches_the_full_log_probs(tiny_bundle: Path) -> None:
+def test_top_k_selected_in_the_graph_is_the_top_k_of_torch(tiny_checkpoint, tiny_bundle) -> None:
+    model, _ = load_model_dir(tiny_checkpoint)
     engine = Engine(load_bundle(tiny_bundle))
     sources = random_sources(3, 400, seed=8)
-    ids, mask = pad(sources, 0).numpy(), (pad(sources, 0) != 0).numpy()
-    full = engine.step_log_probs(engine.start(ids, mask), np.zeros(3, dtype=np.int64)).log_probs
-    top = engine.step(engine.start(ids, mask), np.zeros(3, dtype=np.int64), top_k=8)
-    expected_ids = np.argsort(-full, axis=1, kind="stable")[:, :8]
-    np.testing.assert_array_equal(top.top_ids, expected_ids)
-    np.testing.assert_allclose(
-        top.top_log_probs, np.take_along_axis(full, expected_ids, 1), atol=1e-6
-    )
+    source_ids = pad(sources, 0)
+    source_mask = source_ids != 0
+    start = np.zeros(3, dtype=np.int64)
+    with torch.no_grad():
+        cross = model.cross_keys_values(model.encode(source_ids, source_mask))
+        logits, _, _ = model.decode(
+            torch.zeros((3, 1), dtype=torch.long), model.empty_cache(3), cross, source_mask
+        )
+        expected = torch.log_softmax(logits[:, -1], dim=-1).topk(8, dim=-1)
+    for k in (1, 5, 8):
+        top = engine.step(engine.start(source_ids.numpy(), source_mask.numpy()), start, top_k=k)
+        assert top.top_ids.shape == (3, k)
+        np.testing.assert_array_equal(top.top_ids, expected.indices[:, :k].numpy())
+        np.testing.assert_allclose(top.top_log_probs, expected.values[:, :k].numpy(), atol=1e-4)
 
 
 def test_alignment_has_a_row_per_output_token(tiny_bundle: Path) -> None:
