@@ -62,10 +62,10 @@ def step_time_by_prefix(bundle, sources, rows: int, lengths=(1, 10, 20, 40, 80),
         timings = {}
         for position in range(1, max(lengths) + 1):
             if position in lengths:
-                saved = (state.past_keys, state.past_values, state.prefix)
+                saved = (state.past, state.prefix)
                 samples = []
                 for _ in range(repeat):
-                    state.past_keys, state.past_values, state.prefix = saved
+                    state.past, state.prefix = saved
                     started = time.perf_counter()
                     engine.step(state, tokens, top_k=1)
                     samples.append(time.perf_counter() - started)

@@ -232,3 +232,14 @@ def test_the_serving_side_never_imports_torch() -> None:
         "assert 'torch' not in sys.modules, 'service imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_step_timing_benchmark_runs_on_a_bundle(tiny_bundle: Path) -> None:
+    """bench/engine_bench.py drives the engine's state directly: keep it in step with it."""
+    from bench.engine_bench import step_time_by_prefix
+
+    sources = random_sources(3, 400, seed=10)
+    table = step_time_by_prefix(load_bundle(tiny_bundle), sources, 4, lengths=(1, 3), repeat=2)
+    assert set(table) == {True, False}  # cached and not
+    for timings in table.values():
+        assert set(timings) == {1, 3} and min(timings.values()) > 0
