@@ -2,14 +2,15 @@
 
     nice -n 10 .venv/bin/python -m bench.service_bench
 
-Starts two `nmt serve` processes on free loopback ports (both serving the same bundles: the
-committed checkpoint, exported to a temporary folder, unless --model-dir is given): one with the
-default batching settings and one with NMT_MAX_BATCH_SIZE=1, every sentence decoded alone. For
-each beam size and 1, 8 and 32 concurrent clients it sends each server the same bounded set of
-one-sentence requests (Multi30k test sentences when they are there) with httpx async clients.
-The work alternates between the servers in halves (on, off, off, on) so that a change in
-background load hits both alike. Before that, it times the engine alone, in process, on the same
-sentences at batch sizes 1, 8 and 32: the ceiling that batching in the service can reach.
+Starts three `nmt serve` processes on free loopback ports (all serving the same bundles: the
+committed checkpoint, exported to a temporary folder, unless --model-dir is given): two batch
+(NMT_MAX_BATCH_WAIT_MS=5 and 0) and one has NMT_MAX_BATCH_SIZE=1, every sentence decoded alone.
+For each beam size and 1, 8 and 32 concurrent clients it sends each server the same bounded set
+of one-sentence requests (Multi30k test sentences when they are there) with httpx async clients.
+The work alternates between the servers in halves, in mirrored order (A, B, C, C, B, A), so
+that a change in background load hits all alike. Before that, it times the engine alone, in
+process, on the same sentences at batch sizes 1, 8 and 32: the ceiling that batching in the
+service can reach.
 Writes the "service" section of docs/benchmarks.md.
 
 A benchmark, not a test: it reports what it measured and asserts nothing.
@@ -53,8 +54,13 @@ FALLBACK_SENTENCES = [
     "Un homme fait du vélo sur une route de montagne.",
     "Des gens sont assis à une table dans un restaurant.",
 ]
-ON, OFF = "on", "off"
-CONFIGURATIONS = {ON: {}, OFF: {"max_batch_size": 1}}
+# Servers compared side by side: batching (the default batch size) with two waits, and none.
+WAIT, NO_WAIT, OFF = "wait 5 ms", "no wait", "off"
+CONFIGURATIONS = {
+    WAIT: {"max_batch_wait_ms": 5},
+    NO_WAIT: {"max_batch_wait_ms": 0},
+    OFF: {"max_batch_size": 1},
+}
 ENGINE_BATCHES = (1, 8, 32)
 
 
@@ -203,6 +209,12 @@ def engine_ceiling(model_dir: Path, sentences: list[str], beams: list[int]) -> l
     return rows
 
 
+def _default(name: str):
+    from service.settings import Settings
+
+    return Settings.model_fields[name].default
+
+
 def report(
     runs: list[Run], engine_rows: list[str], model: str, load_avg: str, sentences: str
 ) -> str:
@@ -211,7 +223,7 @@ def report(
         command += " " + shlex.join(sys.argv[1:])
     batch_header = " | ".join(f"batch {b}" for b in ENGINE_BATCHES)
     lines = [
-        "## Service: dynamic batching on vs off",
+        "## Service: dynamic batching, with and without a wait, vs off",
         "",
         f"Reproduce: `{command}`",
         "",
@@ -220,14 +232,17 @@ def report(
         f"- model: {model}; ONNX Runtime threads: one per core (NMT_THREADS default)",
         f"- requests: one sentence each, {sentences}; each client sends its next request when "
         "the previous one is answered",
-        "- batching on: default settings (NMT_MAX_BATCH_SIZE=32, NMT_MAX_BATCH_WAIT_MS=5); "
+        f"- batching: NMT_MAX_BATCH_SIZE={_default('max_batch_size')} (the default) with "
+        "NMT_MAX_BATCH_WAIT_MS=5 ('wait 5 ms': sentences wait that long for companions, except "
+        "after a batch of one) "
+        f"or 0 ('no wait'; the default is {_default('max_batch_wait_ms'):g}); "
         "off: NMT_MAX_BATCH_SIZE=1",
         "- latency per request, measured by the client; throughput in requests per second of "
         "wall time; mean batch: sentences per engine batch, from the server's "
         "nmt_batch_sentences histogram",
         "",
         "| beam | clients | batching | requests | req/s | p50 ms | p99 ms | mean batch | "
-        "req/s on / off |",
+        "req/s vs off |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     off = {(r.beam, r.clients): r for r in runs if r.batching == OFF}
@@ -238,7 +253,7 @@ def report(
             f"| {run.beam} | {run.clients} | {run.batching} | {run.requests}{errors} | "
             f"{run.throughput:.1f} | {run.percentile(0.5) * 1000:.0f} | "
             f"{run.percentile(0.99) * 1000:.0f} | {run.mean_batch:.1f} | "
-            + (f"{ratio:.2f}x |" if run.batching == ON else "|")
+            + (f"{ratio:.2f}x |" if run.batching != OFF else "|")
         )
     lines += [
         "",
@@ -299,7 +314,7 @@ def main() -> None:
         }
         model = ", ".join(
             f"{m['name']} ({m['precision']})"
-            for m in httpx.get(f"{urls[ON]}/v1/models").json()["models"]
+            for m in httpx.get(f"{urls[OFF]}/v1/models").json()["models"]
         )
         for beam in beams:
             for clients in (int(c) for c in args.clients.split(",")):
@@ -307,7 +322,8 @@ def main() -> None:
                 level = {name: Run(beam, clients, name) for name in urls}
                 for url in urls.values():  # warm the connections and the shapes
                     asyncio.run(load(url, sentences, clients, min(clients, 8), beam))
-                for name in (ON, OFF, OFF, ON):  # halves, so that drifting load hits both
+                # halves, in mirrored order, so that drifting load hits all alike
+                for name in [*CONFIGURATIONS, *reversed(CONFIGURATIONS)]:
                     measure(level[name], urls[name], sentences, requests // 2)
                 for run in level.values():
                     runs.append(run)

@@ -5,6 +5,9 @@ The bundle (see service/bundle.py for the reading side):
   layer. The decoder never sees the encoder output itself: the source only enters a decoder
   step through these keys/values, so projecting them once here saves L*2 matmuls per step.
 * `decoder.onnx`: one step with a self-attention KV cache (grows by one position a step).
+  Inputs: target_ids [rows, 1], source_mask, top_k, past and cross keys/values; outputs: the
+  top_k log-probs of the next token and their ids [rows, k], best first (top_k = V gives the
+  whole distribution), the alignment (cross-attention weights) and the present keys/values.
 * `decoder_nocache.onnx`: recomputes the whole target prefix each step; for benchmarks only,
   so that what the cache buys is measured rather than assumed.
 * `*.int8.onnx`: the same graphs with dynamically quantized (int8) MatMul weights.

@@ -7,6 +7,10 @@ same way), up to `max_sentences` and `max_tokens`, waiting at most `max_wait` af
 one arrived for companions, and runs them as one batch. While it decodes, new sentences pile up,
 so under load batches fill by themselves and nobody waits for the timer.
 
+The wait is skipped while traffic is sequential, that is after a batch of one sentence: a lone
+client would otherwise pay `max_wait` on every request for companions that never come
+(measured: 15-25% of its throughput). The first batch after a shared one waits again.
+
 Each request is a `Job`: its results come back in its own order whatever batches its sentences
 landed in. A job that is cancelled (client gone) or past its deadline leaves the queue at once.
 If a batch fails, its sentences are retried one by one so that only the culprit's job fails.
@@ -131,6 +135,7 @@ class BatchScheduler:
         self._run_batch = run_batch
         self._observer = observer
         self._queue: deque[_Item] = deque()
+        self._last_batch_shared = True  # until a lone batch shows traffic is sequential
         self._lock = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._work, name=f"nmt-batch-{model}", daemon=True)
@@ -201,11 +206,13 @@ class BatchScheduler:
                     continue
                 head = self._queue[0]
                 batch, full = self._gather(head.job.options)
-                wait_left = head.enqueued + self.limits.max_wait - time.monotonic()
+                max_wait = self.limits.max_wait if self._last_batch_shared else 0.0
+                wait_left = head.enqueued + max_wait - time.monotonic()
                 if full or wait_left <= 0 or self._closing:
                     taken = {id(item) for item in batch}
                     self._queue = deque(i for i in self._queue if id(i) not in taken)
                     self._report_depth()
+                    self._last_batch_shared = len(batch) > 1
                     return batch
                 self._lock.wait(wait_left)
 

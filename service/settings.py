@@ -70,7 +70,8 @@ class Settings(BaseSettings):
     max_batch_wait_ms: float = Field(
         5.0,
         ge=0,
-        description="how long the oldest waiting sentence may wait for companions to fill a batch",
+        description="how long the oldest waiting sentence may wait for companions to fill a "
+        "batch; skipped after a batch of one sentence (sequential traffic)",
     )
     max_queue_sentences: int = Field(
         1024,

@@ -91,6 +91,28 @@ def test_concurrent_jobs_share_batches_and_each_gets_its_own_results_in_order(
     assert batches == len(runner.batches)
 
 
+def test_the_wait_for_companions_is_skipped_while_traffic_is_sequential(
+    translator: Translator, make_scheduler
+):
+    scheduler, runner, _ = make_scheduler(max_wait=0.5)
+    sources = translator.tokenizer.encode(SENTENCES)
+
+    def seconds_for(job_sources: list[list[int]]) -> float:
+        async def main() -> None:
+            await scheduler.submit(job_sources, FAST, later()).future
+
+        started = time.monotonic()
+        asyncio.run(main())
+        return time.monotonic() - started
+
+    assert seconds_for(sources[:1]) >= 0.5  # nothing known yet: the first sentence waits
+    assert seconds_for(sources[1:2]) < 0.4  # after a lone batch: decoded at once
+    assert seconds_for(sources[2:3]) < 0.4
+    seconds_for(sources[3:6])  # a shared batch (three sentences arrived together) ...
+    assert seconds_for(sources[6:7]) >= 0.5  # ... and the next sentence waits for companions
+    assert [size for size, _, _ in runner.batches] == [1, 1, 1, 3, 1]
+
+
 def test_batches_respect_the_limits_and_never_mix_decoding_settings(
     translator: Translator, make_scheduler
 ):
