@@ -61,8 +61,9 @@ def layer_names(kind: str, layers: int) -> list[str]:
 class DecoderState:
     """Everything a step needs besides the last tokens.
 
-    Rows are grouped by source: rows k*K .. k*K+K-1 belong to source k (K = rows_per_source,
-    the beam size; 1 in greedy search).
+    Rows are grouped by source: rows k*K .. k*K+K-1 belong to source k, K being the rows per
+    source (the open beams of a sentence: 1 in greedy search and at the first beam step, then
+    the beam size). The graph derives K from the row and source counts.
     cross: keys_0, values_0, keys_1, ... each [sources, H, S, Dh]; source_mask [sources, S];
     past: the self-attention cache, keys_0, values_0, ... each [rows, H, P, Dh];
     prefix [rows, P]: every token fed so far (only kept by the no-cache decoder).
