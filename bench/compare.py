@@ -58,29 +58,19 @@ MAX_LENGTH = 256  # the engine's default cap on output tokens
 # ----------------------------------------------------------------------------- preparation
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
     """Bundle, Marian directory and CTranslate2 model of one checkpoint (kept while it does
     not change: a stamp records the checksum of the weights they came from and the bundle
     format; delete the work directory to rebuild them after other changes to the exporters)."""
     from export.marian import export_marian
-    from export.onnx_export import BUNDLE_FORMAT, export_bundle
+    from export.onnx_export import BUNDLE_FORMAT, export_bundle, sha256_of
 
     work.mkdir(parents=True, exist_ok=True)
     paths = {"bundle": work / "bundle", "marian": work / "marian", "ct2": work / "ct2"}
     stamp = work / "stamp.json"
     weights = {
         "checkpoint": str(checkpoint),
-        "sha256": _sha256(checkpoint / "model.safetensors"),
+        "sha256": sha256_of(checkpoint / "model.safetensors"),
         "bundle_format": BUNDLE_FORMAT,
     }
     fresh = stamp.is_file() and json.loads(stamp.read_text()) == weights
@@ -260,14 +250,9 @@ def _profiling_session(path, options, prefix: str):
     """service.engine._session with ONNX Runtime's profiler on (same settings otherwise)."""
     import onnxruntime as ort
 
-    from service.engine import OPTIMIZATION_LEVELS
+    from service.engine import session_options
 
-    settings = ort.SessionOptions()
-    settings.graph_optimization_level = OPTIMIZATION_LEVELS[options.optimization]
-    settings.intra_op_num_threads = options.intra_op_threads
-    settings.inter_op_num_threads = 1
-    settings.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    settings.log_severity_level = 3
+    settings = session_options(options)
     settings.enable_profiling = True
     settings.profile_file_prefix = f"{prefix}-{Path(path).stem}"
     return ort.InferenceSession(str(path), settings, providers=["CPUExecutionProvider"])

@@ -41,13 +41,18 @@ class EngineOptions:
     use_cache: bool = True  # False: the no-cache decoder (benchmarks only)
 
 
-def _session(path, options: EngineOptions) -> ort.InferenceSession:
+def session_options(options: EngineOptions) -> ort.SessionOptions:
     settings = ort.SessionOptions()
     settings.graph_optimization_level = OPTIMIZATION_LEVELS[options.optimization]
     settings.intra_op_num_threads = options.intra_op_threads
     settings.inter_op_num_threads = 1
     settings.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     settings.log_severity_level = 3
+    return settings
+
+
+def _session(path, options: EngineOptions) -> ort.InferenceSession:
+    settings = session_options(options)
     return ort.InferenceSession(str(path), settings, providers=["CPUExecutionProvider"])
 
 
