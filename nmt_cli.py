@@ -51,10 +51,10 @@ def _read_stdin_lines() -> list[str]:
 def _translate_lines(args: argparse.Namespace, sentences: list[str]) -> list[str]:
     """On the ONNX engine with --model-dir (the product), else on the torch checkpoint."""
     if args.model_dir:
-        from service.bundle import load_bundle
-        from service.decoding import SearchOptions
-        from service.engine import EngineOptions
-        from service.translator import Translator
+        from service.runtime.bundle import load_bundle
+        from service.runtime.engine import EngineOptions
+        from service.runtime.search import SearchOptions
+        from service.runtime.translator import Translator
 
         translator = Translator(
             load_bundle(args.model_dir),
@@ -134,8 +134,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from service.server import serve
-    from service.settings import Settings
+    from service.http.server import serve
+    from service.serving.settings import Settings
 
     overrides = {
         name: value

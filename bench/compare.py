@@ -93,15 +93,15 @@ def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
 
 
 def length_limit(source_length: int, max_positions: int) -> int:
-    from service.decoding import length_limit as engine_limit
+    from service.runtime.search import length_limit as engine_limit
 
     return engine_limit(source_length, MAX_LENGTH, max_positions)
 
 
 def load_sources(bundle: Path, data: Path, count: int | None) -> tuple[list[str], list[list[int]]]:
     """The first `count` lines (all when None), tokenized by the bundle's own tokenizer."""
-    from service.bundle import load_bundle
-    from service.tokenizer import BundleTokenizer
+    from service.runtime.bundle import load_bundle
+    from service.runtime.tokenizer import BundleTokenizer
 
     lines = data.read_text(encoding="utf-8").splitlines()
     lines = lines[:count] if count else lines
@@ -155,9 +155,9 @@ def _by_limit(indices: list[int], limits: list[int]) -> list[list[int]]:
 
 class OursRunner:
     def __init__(self, job: dict) -> None:
-        from service.bundle import load_bundle
-        from service.engine import EngineOptions
-        from service.translator import Translator
+        from service.runtime.bundle import load_bundle
+        from service.runtime.engine import EngineOptions
+        from service.runtime.translator import Translator
 
         spec = job["spec"]
         options = EngineOptions(
@@ -166,7 +166,7 @@ class OursRunner:
         self.translator = Translator(load_bundle(job["paths"]["bundle"]), options)
 
     def translate(self, sources: list[list[int]], beam: int, limit: int) -> list[list[int]]:
-        from service.decoding import SearchOptions
+        from service.runtime.search import SearchOptions
 
         # The engine derives each sentence's limit from its length; `limit` is the same rule.
         found = self.translator.translate_ids(sources, SearchOptions(beam_size=beam), len(sources))
@@ -247,10 +247,10 @@ RUNNERS = {"ours": OursRunner, "ctranslate2": CTranslate2Runner, "transformers":
 
 
 def _profiling_session(path, options, prefix: str):
-    """service.engine._session with ONNX Runtime's profiler on (same settings otherwise)."""
+    """service.runtime.engine._session with ONNX Runtime's profiler on (same settings otherwise)."""
     import onnxruntime as ort
 
-    from service.engine import session_options
+    from service.runtime.engine import session_options
 
     settings = session_options(options)
     settings.enable_profiling = True
@@ -275,10 +275,12 @@ def summarize_profile(files: list[str], wall_seconds: float) -> dict:
 def run_worker(job: dict) -> dict:
     """Load one engine and run every configuration of the job; in its own process."""
     if job.get("profile_prefix"):
-        import service.engine
+        import service.runtime.engine
 
         prefix = job["profile_prefix"]
-        service.engine._session = lambda path, options: _profiling_session(path, options, prefix)
+        service.runtime.engine._session = lambda path, options: _profiling_session(
+            path, options, prefix
+        )
     started = time.perf_counter()
     runner = RUNNERS[job["spec"]["engine"]](job)
     load_seconds = time.perf_counter() - started
@@ -398,8 +400,8 @@ def run_parity(
     checkpoint: Path, data: Path, work: Path, threads: int, count: int | None = None
 ) -> dict:
     """Beam 4 on every line (or the first `count`): ours, transformers and CTranslate2."""
-    from service.bundle import load_bundle
-    from service.tokenizer import BundleTokenizer
+    from service.runtime.bundle import load_bundle
+    from service.runtime.tokenizer import BundleTokenizer
 
     paths = prepare(checkpoint, work)
     lines, sources = load_sources(paths["bundle"], data, count)

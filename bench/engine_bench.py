@@ -18,10 +18,10 @@ import numpy as np
 import onnxruntime as ort
 
 from bench.report import BENCHMARKS, replace_section
-from service.bundle import load_bundle
-from service.decoding import SearchOptions, pad_sources
-from service.engine import EngineOptions
-from service.translator import Translator
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.search import SearchOptions, pad_sources
+from service.runtime.translator import Translator
 
 
 def pick_sentences(path: Path, tokenizer, count: int, min_tokens: int) -> list[list[int]]:

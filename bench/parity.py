@@ -20,10 +20,10 @@ from export.data import read_lines
 from export.scoring import corpus_scores
 from export.train_config import multi30k_dir
 from export.translate import translate_texts
-from service.bundle import load_bundle
-from service.decoding import SearchOptions
-from service.engine import EngineOptions
-from service.translator import Translator
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.search import SearchOptions
+from service.runtime.translator import Translator
 
 
 @dataclass

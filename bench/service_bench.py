@@ -186,11 +186,11 @@ def measure(run: Run, url: str, sentences: list[str], requests: int) -> None:
 
 def engine_ceiling(model_dir: Path, sentences: list[str], beams: list[int]) -> list[str]:
     """Sentences per second of the engine alone at a few batch sizes: what batching can buy."""
-    from service.bundle import load_bundle
-    from service.decoding import SearchOptions
-    from service.engine import EngineOptions
-    from service.registry import find_bundles
-    from service.translator import Translator
+    from service.runtime.bundle import load_bundle
+    from service.runtime.engine import EngineOptions
+    from service.runtime.search import SearchOptions
+    from service.runtime.translator import Translator
+    from service.serving.registry import find_bundles
 
     translator = Translator(load_bundle(find_bundles(model_dir)[0]), EngineOptions())
     sources = translator.tokenizer.encode(sentences[:32])
@@ -210,7 +210,7 @@ def engine_ceiling(model_dir: Path, sentences: list[str], beams: list[int]) -> l
 
 
 def _default(name: str):
-    from service.settings import Settings
+    from service.serving.settings import Settings
 
     return Settings.model_fields[name].default
 

@@ -3,7 +3,7 @@
 This is the yardstick the ONNX Runtime engine is checked against, so it favours plain,
 obviously-correct code over speed: every row stays in the batch until the end.
 
-Conventions shared with the engine (service/engine):
+Conventions shared with the engine (service/runtime/search.py), from nmt_contract:
 * a sentence may produce at most `length_limit(source_length)` tokens, </s> included;
 * a hypothesis' raw score is the sum of its tokens' log-probs (</s> included when it ended);
 * beam hypotheses are ranked by raw score / length ** length_penalty.
@@ -12,23 +12,11 @@ Conventions shared with the engine (service/engine):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from export.model.transformer import Transformer
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # without the final </s>
-    score: float  # raw score / length ** length_penalty
-    log_prob: float  # sum of token log-probs, </s> included
-
-
-def length_limit(source_length: int, max_length: int, max_positions: int) -> int:
-    """Most tokens a sentence may produce: 1.5x its source plus 10, within the hard caps."""
-    return max(1, min(max_length, max_positions - 1, int(1.5 * source_length) + 10))
+from nmt_contract import Hypothesis, length_limit
 
 
 def source_lengths(source_mask: torch.Tensor) -> list[int]:

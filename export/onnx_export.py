@@ -1,6 +1,7 @@
 """`nmt export`: a model directory -> an ONNX bundle the service can load without torch.
 
-The bundle (see service/bundle.py for the reading side):
+The bundle (see service/runtime/bundle.py for the reading side; nmt_contract.py for what
+both sides agree on):
 * `encoder.onnx`: source ids + mask -> the cross-attention keys and values of every decoder
   layer. The decoder never sees the encoder output itself: the source only enters a decoder
   step through these keys/values, so projecting them once here saves L*2 matmuls per step.
@@ -23,7 +24,6 @@ queries against the same copy (see DecoderLayer), so they are never repeated K t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -37,20 +37,11 @@ from torch import nn
 
 from export.checkpoint import load_model_dir
 from export.model.transformer import Transformer
+from nmt_contract import BUNDLE_FORMAT, layer_names, sha256_of
 
 log = logging.getLogger("nmt.export")
 
 OPSET = 18
-# 2: decoder graphs select the top-k in the graph
-# 3: caches per layer; cross keys/values per source, shared by the beams of a sentence;
-#    only the top-k log-probs come out (no [B, V] output)
-BUNDLE_FORMAT = 3
-
-
-def layer_names(kind: str, layers: int) -> list[str]:
-    """Names of one kind of per-layer keys/values, layer by layer:
-    [f"{kind}_keys_0", f"{kind}_values_0", f"{kind}_keys_1", ...]"""
-    return [f"{kind}_{part}_{i}" for i in range(layers) for part in ("keys", "values")]
 
 
 def _pairs(flat: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -75,7 +66,7 @@ def _top_log_probs(last_logits: torch.Tensor, top_k: torch.Tensor):
     """last_logits [B, V] -> the top_k log-probs of the next token and their ids [B, k].
 
     Selecting in the graph means a step hands back [B, k] instead of [B, V] to the engine:
-    greedy asks for k = 1, beam search for k = beam + 1 (see service/decoding.py for why
+    greedy asks for k = 1, beam search for k = beam + 1 (see service/runtime/search.py for why
     that is enough).
     (Normalizing only the k chosen, logit - logsumexp, was measured slower: ONNX Runtime's
     ReduceLogSumExp is several times slower than its LogSoftmax.)
@@ -244,14 +235,6 @@ def quantize_graph(fp32_path: Path) -> Path:
     finally:
         root.setLevel(level)
     return int8_path
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def export_bundle(checkpoint: Path, out_dir: Path, int8: bool = False) -> dict:

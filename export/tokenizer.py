@@ -19,6 +19,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from nmt_contract import split_language_code
+
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
 
@@ -85,13 +87,6 @@ class Tokenizer:
 
 # Marian's file names: they are the same in our model directories and in bundles.
 SOURCE_SPM, TARGET_SPM, VOCAB_JSON = "source.spm", "target.spm", "vocab.json"
-
-
-def split_language_code(text: str) -> tuple[list[str], str]:
-    """A leading `>>xx<<` (multilingual Marian models: the target language) is one piece."""
-    if text.startswith(">>") and (end := text.find("<<")) != -1:
-        return [text[: end + 2]], text[end + 2 :]
-    return [], text
 
 
 class VocabTokenizer:

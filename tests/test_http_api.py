@@ -13,12 +13,12 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.app import create_app
-from service.bundle import load_bundle
-from service.decoding import SearchOptions
-from service.engine import EngineOptions
-from service.settings import Settings
-from service.translator import Translator
+from service.http.app import create_app
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.search import SearchOptions
+from service.runtime.translator import Translator
+from service.serving.settings import Settings
 
 LIMITS = {
     "max_texts_per_request": 4,
@@ -202,7 +202,7 @@ def test_request_id_is_echoed_or_generated(client: TestClient):
 def test_the_access_log_is_one_json_line_with_request_facts(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ):
-    from service.logging_setup import JsonFormatter
+    from service.http.logs import JsonFormatter
 
     with caplog.at_level("INFO", logger="nmt.access"):
         client.post(

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.bundle import load_bundle
-from service.decoding import SearchOptions
-from service.engine import EngineOptions
-from service.settings import Settings
-from service.translator import Translator
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.search import SearchOptions
+from service.runtime.translator import Translator
+from service.serving.settings import Settings
 from tests.test_http_api import pair_bundle, start
 
 SETTINGS = {

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.bundle import load_bundle
-from service.decoding import SearchOptions
-from service.engine import EngineOptions
-from service.translator import Translator
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.search import SearchOptions
+from service.runtime.translator import Translator
 from tests.conftest import FRENCH_SENTENCES, ROOT
 
 SENTENCES = FRENCH_SENTENCES

@@ -7,7 +7,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from service.settings import Settings
+from service.serving.settings import Settings
 from tests.conftest import ROOT
 
 

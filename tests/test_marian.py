@@ -35,11 +35,11 @@ from export.model.config import ModelConfig  # noqa: E402
 from export.model.transformer import Transformer  # noqa: E402
 from export.onnx_export import export_bundle  # noqa: E402
 from export.tokenizer import VocabTokenizer, train_sentencepiece  # noqa: E402
-from service.bundle import load_bundle  # noqa: E402
-from service.decoding import SearchOptions, length_limit  # noqa: E402
-from service.engine import Engine, EngineOptions  # noqa: E402
-from service.tokenizer import BundleTokenizer  # noqa: E402
-from service.translator import Translator  # noqa: E402
+from service.runtime.bundle import load_bundle  # noqa: E402
+from service.runtime.engine import Engine, EngineOptions  # noqa: E402
+from service.runtime.search import SearchOptions, length_limit  # noqa: E402
+from service.runtime.tokenizer import BundleTokenizer  # noqa: E402
+from service.runtime.translator import Translator  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 # Two toy languages, so that the source and target SentencePiece models really differ.

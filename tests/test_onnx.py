@@ -21,9 +21,9 @@ from export.model.config import ModelConfig  # noqa: E402
 from export.model.transformer import Transformer  # noqa: E402
 from export.onnx_export import export_bundle  # noqa: E402
 from export.tokenizer import train_sentencepiece  # noqa: E402
-from service.bundle import BundleError, load_bundle  # noqa: E402
-from service.decoding import SearchOptions, length_limit, search  # noqa: E402
-from service.engine import Engine, EngineOptions  # noqa: E402
+from service.runtime.bundle import BundleError, load_bundle  # noqa: E402
+from service.runtime.engine import Engine, EngineOptions  # noqa: E402
+from service.runtime.search import SearchOptions, length_limit, search  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from service.bundle import load_bundle
-from service.decoding import Hypothesis, SearchOptions
-from service.engine import EngineOptions
-from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
-from service.metrics import Metrics
-from service.scheduler import BatchLimits, BatchScheduler, SentenceFailed
-from service.translator import Translator
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.search import Hypothesis, SearchOptions
+from service.runtime.translator import Translator
+from service.serving.errors import DeadlineExceeded, QueueFull, ShuttingDown
+from service.serving.metrics import Metrics
+from service.serving.scheduler import BatchLimits, BatchScheduler, SentenceFailed
 from tests.conftest import FRENCH_SENTENCES
 
 SENTENCES = FRENCH_SENTENCES[:8]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.sentences import split_sentences
+from service.serving.sentences import split_sentences
 
 
 @pytest.mark.parametrize(

@@ -14,14 +14,8 @@ from collections.abc import Iterable
 
 import sentencepiece as spm
 
-from service.bundle import Bundle
-
-
-def _split_language_code(text: str) -> tuple[list[str], str]:
-    """A leading `>>xx<<` (multilingual Marian models: the target language) is one piece."""
-    if text.startswith(">>") and (end := text.find("<<")) != -1:
-        return [text[: end + 2]], text[end + 2 :]
-    return [], text
+from nmt_contract import split_language_code
+from service.runtime.bundle import Bundle
 
 
 class BundleTokenizer:
@@ -40,7 +34,7 @@ class BundleTokenizer:
             return [[*ids, self.eos_id] for ids in self.source.encode(texts)]
         encoded = []
         for text in texts:
-            code, text = _split_language_code(text)
+            code, text = split_language_code(text)
             pieces = code + self.source.encode(text, out_type=str)
             encoded.append([*(self.vocab.get(p, self.unk_id) for p in pieces), self.eos_id])
         return encoded

@@ -1,5 +1,5 @@
 """The FastAPI application: wiring only. Routes live in routes.py and libretranslate.py, the work
-in pipeline.py (requests), scheduler.py (batching) and registry.py (models).
+in service/serving/: pipeline.py (requests), scheduler.py (batching) and registry.py (models).
 
 Models load in a background thread after startup, so that /healthz answers at once and /readyz
 says 503 until every model is loaded and warm. On shutdown the schedulers finish what was
@@ -19,37 +19,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
-from service import libretranslate, routes
-from service.errors import (
-    ClientGone,
-    DeadlineExceeded,
-    InvalidInput,
-    NotReady,
-    QueueFull,
-    ServiceError,
-    ShuttingDown,
-    TranslationFailed,
-    UnknownPair,
-)
-from service.health import Lifecycle
-from service.metrics import Metrics, package_version
-from service.middleware import CLIENT_CLOSED_REQUEST, RequestContextMiddleware
-from service.pipeline import TranslationService
-from service.registry import ModelRegistry
-from service.settings import Settings
+from service.http import libretranslate, routes
+from service.http.middleware import RequestContextMiddleware
+from service.serving.errors import InternalError, InvalidInput, ServiceError
+from service.serving.lifecycle import Lifecycle
+from service.serving.metrics import Metrics, package_version
+from service.serving.pipeline import TranslationService
+from service.serving.registry import ModelRegistry
+from service.serving.settings import Settings
 
 log = logging.getLogger("nmt.app")
-
-STATUS_OF: list[tuple[type[ServiceError], int]] = [
-    (UnknownPair, 404),
-    (InvalidInput, 422),
-    (TranslationFailed, 422),
-    (QueueFull, 429),
-    (NotReady, 503),
-    (ShuttingDown, 503),
-    (DeadlineExceeded, 504),
-    (ClientGone, CLIENT_CLOSED_REQUEST),
-]
 
 
 def create_app(
@@ -115,15 +94,17 @@ def _load_models(registry: ModelRegistry, lifecycle: Lifecycle) -> None:
 
 
 async def _service_error(request: Request, error: Exception) -> JSONResponse:
-    status = next(code for kind, code in STATUS_OF if isinstance(error, kind))
+    """FastAPI's `{"detail": ...}` body, with the status the error declares."""
+    assert isinstance(error, ServiceError)
     request.state.error = str(error)
-    if isinstance(error, InvalidInput):
+    if isinstance(error, InvalidInput):  # shaped like pydantic's own 422 details
         detail = [{"type": error.kind, "loc": list(error.location), "msg": error.message}]
-        return JSONResponse({"detail": detail}, status)
-    headers = {"Retry-After": str(error.retry_after)} if isinstance(error, QueueFull) else None
-    if isinstance(error, NotReady):
-        headers = {"Retry-After": "1"}
-    return JSONResponse({"detail": str(error)}, status, headers=headers)
+        return JSONResponse({"detail": detail}, error.status)
+    message = str(error)
+    if isinstance(error, InternalError):  # the server's fault: point at its log line
+        message = f"{message} (request id {request.state.request_id})"
+        log.error("internal error: %s", error, extra={"request_id": request.state.request_id})
+    return JSONResponse({"detail": message}, error.status, headers=error.headers() or None)
 
 
 async def _validation_error(request: Request, error: Exception) -> JSONResponse:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.bundle import Bundle
-from service.decoding import Hypothesis, SearchOptions, search
-from service.engine import Engine, EngineOptions
-from service.tokenizer import BundleTokenizer
+from service.runtime.bundle import Bundle
+from service.runtime.engine import Engine, EngineOptions
+from service.runtime.search import Hypothesis, SearchOptions, search
+from service.runtime.tokenizer import BundleTokenizer
 
 
 @dataclass

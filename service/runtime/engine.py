@@ -1,6 +1,7 @@
 """ONNX Runtime sessions for one bundle: encode once, then one decoder step at a time.
 
-Where the time goes (measured in docs/benchmarks.md and docs/performance.md):
+Where the time goes (measured, with the commands, in docs/benchmarks.md and
+docs/performance.md):
 * at batch 1, per-step overhead dominates: the session call itself, feeding inputs and
   converting outputs. We ask only for the outputs we need (no alignment unless asked).
 * at batch 32+ (and in beam search), the decoder's matmuls and the output projection
@@ -21,29 +22,22 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle import Bundle
+from nmt_contract import layer_names
+from service.runtime.bundle import Bundle
 
 log = logging.getLogger("nmt.engine")
-
-OPTIMIZATION_LEVELS = {
-    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
 
 
 @dataclass(frozen=True)
 class EngineOptions:
     int8: bool = False
     intra_op_threads: int = 0  # 0 = ONNX Runtime's default (one per core)
-    optimization: str = "all"
     use_cache: bool = True  # False: the no-cache decoder (benchmarks only)
 
 
 def session_options(options: EngineOptions) -> ort.SessionOptions:
     settings = ort.SessionOptions()
-    settings.graph_optimization_level = OPTIMIZATION_LEVELS[options.optimization]
+    settings.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     settings.intra_op_num_threads = options.intra_op_threads
     settings.inter_op_num_threads = 1
     settings.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -54,12 +48,6 @@ def session_options(options: EngineOptions) -> ort.SessionOptions:
 def _session(path, options: EngineOptions) -> ort.InferenceSession:
     settings = session_options(options)
     return ort.InferenceSession(str(path), settings, providers=["CPUExecutionProvider"])
-
-
-def layer_names(kind: str, layers: int) -> list[str]:
-    """The bundle's names for per-layer keys/values (format 3), layer by layer:
-    [f"{kind}_keys_0", f"{kind}_values_0", f"{kind}_keys_1", ...]"""
-    return [f"{kind}_{part}_{i}" for i in range(layers) for part in ("keys", "values")]
 
 
 @dataclass
@@ -173,6 +161,8 @@ class Engine:
         }
         outputs = ["top_log_probs", "top_ids"]
         if not self.options.use_cache:
+            if alignment:  # that graph has no alignment output: say so rather than crash
+                raise ValueError("the no-cache decoder (benchmarks only) returns no alignment")
             # Recompute every position of the prefix: what decoding costs without the cache.
             state.prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)
             feeds["target_ids"] = state.prefix

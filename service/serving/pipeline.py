@@ -15,14 +15,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from service.decoding import Hypothesis, SearchOptions
-from service.errors import ClientGone, DeadlineExceeded, InvalidInput, TranslationFailed
-from service.health import Lifecycle
-from service.registry import LoadedModel, ModelRegistry
-from service.scheduler import SentenceFailed
-from service.sentences import SplitText, split_sentences
-from service.settings import Settings
-from service.tokenizer import BundleTokenizer
+from service.runtime.search import Hypothesis, SearchOptions
+from service.runtime.tokenizer import BundleTokenizer
+from service.serving.errors import ClientGone, DeadlineExceeded, InvalidInput, TranslationFailed
+from service.serving.lifecycle import Lifecycle
+from service.serving.registry import LoadedModel, ModelRegistry
+from service.serving.scheduler import SentenceFailed
+from service.serving.sentences import SplitText, split_sentences
+from service.serving.settings import Settings
 
 WEIGHT_DECIMALS = 3
 # Longer requests are tokenized on a worker thread rather than on the event loop.

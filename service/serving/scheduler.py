@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from service.decoding import Hypothesis, SearchOptions
-from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
+from service.runtime.search import Hypothesis, SearchOptions
+from service.serving.errors import DeadlineExceeded, QueueFull, ShuttingDown
 
 log = logging.getLogger("nmt.scheduler")
 

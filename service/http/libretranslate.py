@@ -18,21 +18,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.decoding import SearchOptions
-from service.errors import (
-    ClientGone,
-    DeadlineExceeded,
-    InvalidInput,
-    NotReady,
-    QueueFull,
-    ServiceError,
-    ShuttingDown,
-    TranslationFailed,
-    UnknownPair,
-)
-from service.pipeline import TranslationService
-from service.routes import client_disconnected
-from service.settings import Settings
+from service.http.dependencies import ServiceDep, client_disconnected
+from service.runtime.search import SearchOptions
+from service.serving.errors import InternalError, InvalidInput, ServiceError, UnknownPair
+from service.serving.pipeline import TranslationService
+from service.serving.settings import Settings
 
 LANGUAGE_NAMES = {
     "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
@@ -86,8 +76,7 @@ def build_router(settings: Settings) -> APIRouter:
             }
         },
     )
-    async def translate(request: Request) -> JSONResponse:
-        service: TranslationService = request.app.state.service
+    async def translate(request: Request, service: ServiceDep) -> JSONResponse:
         try:
             fields = await _read_fields(request)
             return await _translate(service, settings, request, fields)
@@ -95,15 +84,16 @@ def build_router(settings: Settings) -> APIRouter:
             request.state.error = error.message
             return error.response()
         except ServiceError as error:
-            libre = _as_libre_error(error, service)
+            libre = _as_libre_error(error, request)
             request.state.error = libre.message
             return libre.response()
 
     @router.get("/languages", summary="LibreTranslate-compatible list of languages")
-    async def languages(request: Request) -> list[dict[str, Any]]:
-        registry = request.app.state.service.registry
+    async def languages(
+        service: ServiceDep,
+    ) -> list[dict[str, Any]]:
         targets: dict[str, list[str]] = {}
-        for model in registry.models:
+        for model in service.registry.models:
             pair = (model.bundle.source_lang, model.bundle.target_lang)
             targets.setdefault(pair[0], []).append(pair[1])
         return [
@@ -221,29 +211,28 @@ def _only_source_for(service: TranslationService, target: str) -> str:
     return sources[0]
 
 
-def _as_libre_error(error: ServiceError, service: TranslationService) -> LibreError:
+def _as_libre_error(error: ServiceError, request: Request) -> LibreError:
+    """LibreTranslate's status and wording for a service error. Its clients expect 400 for
+    anything wrong with the request (an unknown language, a limit), so every 4xx but "retry
+    later" (429) and "client gone" (499) becomes 400; other statuses are the error's own."""
+    client_fault = 400 <= error.status < 500 and error.status not in (429, 499)
+    status = 400 if client_fault else error.status
+    message = str(error)
     if isinstance(error, UnknownPair):
-        models = service.registry.models
-        sources = {m.bundle.source_lang for m in models}
-        targets = {m.bundle.target_lang for m in models}
-        if error.source_lang not in sources:
-            return LibreError(400, f"{error.source_lang} is not supported")
-        if error.target_lang not in targets:
-            return LibreError(400, f"{error.target_lang} is not supported")
-        return LibreError(
-            400,
-            f"{error.target_lang} is not available as a target language from {error.source_lang}",
-        )
-    if isinstance(error, InvalidInput):
-        return LibreError(400, f"Invalid request: {error.message}")
-    if isinstance(error, TranslationFailed):
-        return LibreError(400, f"Cannot translate text: {error}")
-    if isinstance(error, QueueFull):
-        return LibreError(429, f"Slowdown: {error}", {"Retry-After": str(error.retry_after)})
-    if isinstance(error, NotReady | ShuttingDown):
-        return LibreError(503, str(error))
-    if isinstance(error, DeadlineExceeded):
-        return LibreError(504, str(error))
-    if isinstance(error, ClientGone):
-        return LibreError(499, str(error))
-    return LibreError(400, str(error))
+        supported = [pair.split("-", 1) for pair in error.supported]
+        if error.source_lang not in {source for source, _ in supported}:
+            message = f"{error.source_lang} is not supported"
+        elif error.target_lang not in {target for _, target in supported}:
+            message = f"{error.target_lang} is not supported"
+        else:
+            message = (
+                f"{error.target_lang} is not available as a target language "
+                f"from {error.source_lang}"
+            )
+    elif isinstance(error, InvalidInput):
+        message = f"Invalid request: {error.message}"
+    elif status == 429:
+        message = f"Slowdown: {error}"
+    elif isinstance(error, InternalError):
+        message = f"{error} (request id {request.state.request_id})"
+    return LibreError(status, message, error.headers() or None)

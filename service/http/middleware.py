@@ -18,15 +18,16 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.metrics import Metrics
+from service.serving.errors import CLIENT_CLOSED_REQUEST
+from service.serving.metrics import Metrics
 
 access_log = logging.getLogger("nmt.access")
+log = logging.getLogger("nmt.http")
 
 REQUEST_ID_HEADER = "x-request-id"
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 # Probes and scrapes hit these every few seconds; log them only when they fail.
 QUIET_ROUTES = {"/healthz", "/readyz", "/metrics"}
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away before the answer"
 
 
 def request_id_from(scope: Scope) -> str:
@@ -63,11 +64,12 @@ class RequestContextMiddleware:
         state: dict[str, Any] = scope.setdefault("state", {})
         state["request_id"] = request_id
         status = CLIENT_CLOSED_REQUEST  # unless a response starts
+        started_response = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started_response
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started_response = message["status"], True
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode("latin-1")))
                 message = {**message, "headers": headers}
@@ -81,8 +83,15 @@ class RequestContextMiddleware:
             else:
                 await self.app(scope, replay, send_with_id)
         except Exception:
+            # A net, not the fix: every fault a client can trigger is handled where it arises.
+            # Answering here (rather than re-raising to uvicorn, which drops the connection)
+            # keeps a pooled keep-alive connection usable for the client's next request.
+            log.exception("unhandled error", extra={"request_id": request_id})
             status = 500
-            raise
+            if started_response:  # too late for a clean answer: let the server close it
+                raise
+            state["error"] = "internal server error"
+            await self._internal_error(scope, request_id, send_with_id)
         finally:
             self.metrics.requests_in_progress.dec()
             seconds = time.perf_counter() - started
@@ -124,19 +133,25 @@ class RequestContextMiddleware:
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
         message = f"request body is larger than {self.max_body_bytes} bytes (NMT_MAX_BODY_BYTES)"
+        # The rest of the body is unread: the connection cannot carry another request.
+        await self._send_error(scope, send, 413, message, close=True)
+
+    async def _internal_error(self, scope: Scope, request_id: str, send: Send) -> None:
+        message = f"internal server error (request id {request_id}); it is logged"
+        await self._send_error(scope, send, 500, message, close=False)
+
+    async def _send_error(
+        self, scope: Scope, send: Send, status: int, message: str, close: bool
+    ) -> None:
         key = "error" if scope.get("path") in self.plain_error_paths else "detail"
         body = json.dumps({key: message}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        if close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     def _log(

@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.bundle import Bundle, BundleError, load_bundle
-from service.decoding import Hypothesis, SearchOptions
-from service.engine import EngineOptions
-from service.errors import UnknownPair
-from service.metrics import Metrics
-from service.scheduler import BatchLimits, BatchScheduler
-from service.settings import Settings
-from service.translator import Translator
+from service.runtime.bundle import Bundle, BundleError, load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.search import Hypothesis, SearchOptions
+from service.runtime.translator import Translator
+from service.serving.errors import UnknownPair
+from service.serving.metrics import Metrics
+from service.serving.scheduler import BatchLimits, BatchScheduler
+from service.serving.settings import Settings
 
 log = logging.getLogger("nmt.registry")
 

@@ -16,9 +16,9 @@ from types import FrameType
 
 import uvicorn
 
-from service.app import create_app
-from service.logging_setup import configure_logging
-from service.settings import Settings
+from service.http.app import create_app
+from service.http.logs import configure_logging
+from service.serving.settings import Settings
 
 log = logging.getLogger("nmt.server")
 
@@ -76,5 +76,5 @@ def serve(settings: Settings | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # `python -m service.server`: the same as `nmt serve`
+if __name__ == "__main__":  # `python -m service.http.server`: the same as `nmt serve`
     sys.exit(serve())

@@ -1,25 +1,50 @@
 """What can go wrong with one translation request, in the service's own words.
 
-The scheduler and the translation pipeline raise these and know nothing of HTTP; the routes map
-each to a status code (app.py for the native API, libretranslate.py for the compatible one).
+Each error owns its meaning: it declares the HTTP status it stands for (`status`) and any
+headers a client needs (`headers`), so that no mapping table in the HTTP layer can forget one.
+The scheduler and the pipeline raise these and know nothing of HTTP beyond those numbers; each
+API dialect (service/http/) shapes the body its clients expect from them.
+
+`status` < 500: the client's doing (fix the request, or retry later for 429/503/504).
+`status` >= 500 for `InternalError`: a fault of the server, reported with the request id.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
+
+# nginx's status for "the client went away before the answer"; nobody reads it but the logs.
+CLIENT_CLOSED_REQUEST = 499
 
 
 class ServiceError(Exception):
     """Base class: a request that cannot be served, for a reason the client should hear."""
 
+    status: ClassVar[int] = 500
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
 
 class NotReady(ServiceError):
     """Models are still loading (or failed to load)."""
 
+    status = 503
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
+
 
 class ShuttingDown(ServiceError):
-    """The server got SIGTERM: it finishes admitted requests but takes no new ones."""
+    """The server got SIGTERM: it finishes admitted requests but takes no new ones, or it ran
+    out of NMT_SHUTDOWN_TIMEOUT_SECONDS before this request finished."""
+
+    status = 503
 
 
 class UnknownPair(ServiceError):
+    status = 404
+
     def __init__(self, source_lang: str, target_lang: str, supported: list[str]) -> None:
         self.source_lang, self.target_lang, self.supported = source_lang, target_lang, supported
         super().__init__(
@@ -34,12 +59,16 @@ class InvalidInput(ServiceError):
     `location` follows pydantic's error locations, e.g. ("body", "text", 2).
     """
 
+    status = 422
+
     def __init__(self, location: tuple[str | int, ...], message: str, kind: str) -> None:
         self.location, self.message, self.kind = location, message, kind
         super().__init__(message)
 
 
 class QueueFull(ServiceError):
+    status = 429
+
     def __init__(self, model: str, queued: int, limit: int, retry_after: int) -> None:
         self.retry_after = retry_after
         super().__init__(
@@ -47,8 +76,13 @@ class QueueFull(ServiceError):
             "NMT_MAX_QUEUE_SENTENCES): retry later"
         )
 
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
 
 class DeadlineExceeded(ServiceError):
+    status = 504
+
     def __init__(self, timeout: float) -> None:
         super().__init__(
             f"translation did not finish within {timeout:g} s (NMT_REQUEST_TIMEOUT_SECONDS)"
@@ -58,9 +92,19 @@ class DeadlineExceeded(ServiceError):
 class ClientGone(ServiceError):
     """The client disconnected; its queued work was dropped. Nobody reads this answer."""
 
+    status = CLIENT_CLOSED_REQUEST
 
-class TranslationFailed(ServiceError):
-    """The engine failed on this input alone (the other items of its batch were retried)."""
+
+class InternalError(ServiceError):
+    """The server failed, not the request: the engine raised on this input even alone in its
+    batch (the other requests of the batch were retried and answered), or a bug. A 500 that
+    carries the request id, so that the log line can be found."""
+
+    status = 500
+
+
+class TranslationFailed(InternalError):
+    """The engine failed on one text of this request alone."""
 
     def __init__(self, text_index: int, reason: str) -> None:
         self.text_index = text_index

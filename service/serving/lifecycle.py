@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from service.errors import NotReady, ShuttingDown
+from service.serving.errors import NotReady, ShuttingDown
 
 Phase = Literal["starting", "ready", "draining", "failed"]
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-SUPPORTED_FORMAT = 3
+from nmt_contract import BUNDLE_FORMAT, sha256_of
 
 
 class BundleError(Exception):
@@ -56,14 +55,6 @@ class Bundle:
         return self.path / self.manifest["tokenizer"][side]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def load_bundle(path: Path, verify: bool = True) -> Bundle:
     """Read `bundle.json` and check every file it lists against its checksum."""
     path = Path(path)
@@ -74,10 +65,10 @@ def load_bundle(path: Path, verify: bool = True) -> Bundle:
         manifest = json.loads(manifest_path.read_text())
     except json.JSONDecodeError as error:
         raise BundleError(f"{manifest_path} is not valid JSON: {error}") from error
-    if manifest.get("format") != SUPPORTED_FORMAT:
+    if manifest.get("format") != BUNDLE_FORMAT:
         raise BundleError(
             f"{manifest_path} has format {manifest.get('format')!r}; "
-            f"this service reads format {SUPPORTED_FORMAT}: re-export the bundle"
+            f"this service reads format {BUNDLE_FORMAT}: re-export the bundle"
         )
     if verify:
         problems = []
@@ -85,7 +76,7 @@ def load_bundle(path: Path, verify: bool = True) -> Bundle:
             file = path / name
             if not file.is_file():
                 problems.append(f"{name} is missing")
-            elif (found := _sha256(file)) != expected:
+            elif (found := sha256_of(file)) != expected:
                 problems.append(
                     f"{name} has checksum {found[:12]}…, bundle.json says {expected[:12]}…"
                 )

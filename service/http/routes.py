@@ -10,15 +10,15 @@ from pathlib import Path
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from service.pipeline import TranslationService
-from service.schemas import (
+from service.http.dependencies import MetricsDep, ServiceDep, client_disconnected
+from service.http.schemas import (
     ModelInfo,
     ModelsResponse,
     Problem,
     TranslateResponse,
     translate_request_model,
 )
-from service.settings import Settings
+from service.serving.settings import Settings
 
 PAGE = Path(__file__).parent / "static" / "index.html"
 
@@ -30,17 +30,6 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     503: {"model": Problem, "description": "models loading, or shutting down"},
     504: {"model": Problem, "description": "not done within NMT_REQUEST_TIMEOUT_SECONDS"},
 }
-
-
-def service_of(request: Request) -> TranslationService:
-    return request.app.state.service
-
-
-async def client_disconnected(request: Request) -> None:
-    """Returns when the client goes away. The body has been read by then, so the next ASGI
-    message can only be the disconnect (or the end of the response, when it is cancelled)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def build_router(settings: Settings) -> APIRouter:
@@ -55,8 +44,11 @@ def build_router(settings: Settings) -> APIRouter:
         tags=["translate"],
         summary="Translate one text or a list of texts",
     )
-    async def translate(body: TranslateRequest, request: Request) -> TranslateResponse:  # type: ignore[valid-type]
-        service = service_of(request)
+    async def translate(
+        body: TranslateRequest,  # type: ignore[valid-type]
+        request: Request,
+        service: ServiceDep,
+    ) -> TranslateResponse:
         model = service.model_for(body.source_lang, body.target_lang)
         request.state.model = model.name
         result = await service.translate(
@@ -69,29 +61,26 @@ def build_router(settings: Settings) -> APIRouter:
         return TranslateResponse.from_result(result, body)
 
     @router.get("/v1/models", response_model=ModelsResponse, tags=["models"])
-    async def models(request: Request) -> ModelsResponse:
-        registry = service_of(request).registry
-        return ModelsResponse(models=[ModelInfo(**m.describe()) for m in registry.models])
+    async def models(service: ServiceDep) -> ModelsResponse:
+        return ModelsResponse(models=[ModelInfo(**m.describe()) for m in service.registry.models])
 
     @router.get("/healthz", tags=["health"], summary="alive (200) unless loading failed (503)")
-    async def healthz(request: Request) -> JSONResponse:
-        lifecycle = service_of(request).lifecycle
+    async def healthz(service: ServiceDep) -> JSONResponse:
+        lifecycle = service.lifecycle
         status = 200 if lifecycle.alive else 503
         return JSONResponse({"status": lifecycle.phase, "detail": lifecycle.reason}, status)
 
     @router.get(
         "/readyz", tags=["health"], summary="ready (200) when every model is loaded and warm"
     )
-    async def readyz(request: Request) -> JSONResponse:
-        service = service_of(request)
+    async def readyz(service: ServiceDep) -> JSONResponse:
         lifecycle = service.lifecycle
         if not lifecycle.ready:
             return JSONResponse({"status": lifecycle.phase, "detail": lifecycle.reason}, 503)
         return JSONResponse({"status": "ready", "models": service.registry.pairs})
 
     @router.get("/metrics", tags=["health"], summary="Prometheus metrics")
-    async def metrics(request: Request) -> Response:
-        metrics = request.app.state.metrics
+    async def metrics(metrics: MetricsDep) -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @router.get("/", include_in_schema=False)

@@ -1,6 +1,9 @@
-"""Batched greedy and beam search on the ONNX Runtime engine.
+"""Batched greedy and beam search on the ONNX Runtime engine, as strategies behind one small
+interface (as CTranslate2 separates GreedySearch from BeamSearch): a new way to search is a new
+`SearchStrategy` subclass, not a new branch.
 
-Same conventions as the torch reference (export/decoding.py), which the tests hold this to:
+Same conventions as the torch reference (export/decoding.py), which the tests hold this to,
+written once in nmt_contract:
 * a sentence may produce at most `length_limit(source_length)` tokens, </s> included;
 * a hypothesis' raw score (log_prob) is the sum of its tokens' log-probs;
 * hypotheses are ranked by log_prob / length ** length_penalty.
@@ -12,19 +15,25 @@ remaining row needs is cut from the cross-attention keys/values.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
 
-from service.engine import Engine
+from nmt_contract import Hypothesis, length_limit
+from service.runtime.engine import Engine
 
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # without the final </s>
-    score: float  # log_prob / length ** length_penalty
-    log_prob: float  # sum of token log-probs, </s> included when the sentence ended
-    alignment: np.ndarray | None = None  # [produced tokens, source tokens] cross-attention
+__all__ = [
+    "BeamSearch",
+    "GreedySearch",
+    "Hypothesis",
+    "SearchOptions",
+    "SearchStrategy",
+    "length_limit",
+    "pad_sources",
+    "search",
+    "strategy_for",
+]
 
 
 @dataclass(frozen=True)
@@ -34,11 +43,6 @@ class SearchOptions:
     n_best: int = 1
     max_length: int = 256
     alignment: bool = False
-
-
-def length_limit(source_length: int, max_length: int, max_positions: int) -> int:
-    """Most tokens a sentence may produce: 1.5x its source plus 10, within the hard caps."""
-    return max(1, min(max_length, max_positions - 1, int(1.5 * source_length) + 10))
 
 
 def pad_sources(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,20 +55,49 @@ def pad_sources(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.n
     return ids, mask
 
 
+class SearchStrategy(ABC):
+    """How the next tokens are chosen from each step's top-k, for a whole batch."""
+
+    @abstractmethod
+    def search(
+        self, engine: Engine, sources: list[list[int]], options: SearchOptions
+    ) -> list[list[Hypothesis]]:
+        """Source id lists (each ending in </s>, at least one) -> the n-best hypotheses of
+        each, best first, in the order of `sources`."""
+
+
+def strategy_for(options: SearchOptions) -> SearchStrategy:
+    return GreedySearch() if options.beam_size == 1 else BeamSearch()
+
+
 def search(
     engine: Engine, sources: list[list[int]], options: SearchOptions
 ) -> list[list[Hypothesis]]:
     """Source id lists (each ending in </s>) -> options.n_best hypotheses each, in order."""
     if not sources:
         return []
-    if options.beam_size == 1:
-        return [[h] for h in greedy_search(engine, sources, options)]
-    return beam_search(engine, sources, options)
+    return strategy_for(options).search(engine, sources, options)
 
 
-def greedy_search(
-    engine: Engine, sources: list[list[int]], options: SearchOptions
-) -> list[Hypothesis]:
+class GreedySearch(SearchStrategy):
+    """Each row takes its single most likely next token; a row leaves when it ends."""
+
+    def search(
+        self, engine: Engine, sources: list[list[int]], options: SearchOptions
+    ) -> list[list[Hypothesis]]:
+        return [[h] for h in _greedy(engine, sources, options)]
+
+
+class BeamSearch(SearchStrategy):
+    """K open hypotheses (beams) per sentence; see `_beam` for the stopping rule."""
+
+    def search(
+        self, engine: Engine, sources: list[list[int]], options: SearchOptions
+    ) -> list[list[Hypothesis]]:
+        return _beam(engine, sources, options)
+
+
+def _greedy(engine: Engine, sources: list[list[int]], options: SearchOptions) -> list[Hypothesis]:
     source_ids, source_mask = pad_sources(sources, engine.pad_id)
     state = engine.start(source_ids, source_mask)
     count, source_width = source_ids.shape
@@ -117,7 +150,7 @@ def _top_candidates(candidates: np.ndarray, count: int) -> tuple[np.ndarray, np.
     return np.take_along_axis(top, order, axis=1), np.take_along_axis(top_scores, order, axis=1)
 
 
-def beam_search(
+def _beam(
     engine: Engine, sources: list[list[int]], options: SearchOptions
 ) -> list[list[Hypothesis]]:
     """Each step ranks the 2K best continuations of a sentence's K open beams. A candidate

@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from service.decoding import SearchOptions
-from service.pipeline import RequestResult
-from service.settings import Settings
+from service.runtime.search import SearchOptions
+from service.serving.pipeline import RequestResult
+from service.serving.settings import Settings
 
 MAX_LANG_CODE = 16
 

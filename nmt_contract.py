@@ -1,0 +1,60 @@
+"""What the offline side (`export/`, torch) and the runtime (`service/runtime/`, no torch) must
+agree on, written once and imported by both. They meet only at the bundle on disk; this module
+is that meeting point's specification: its format number, the names of the per-layer tensors,
+the checksum, how long a translation may get, what a search returns, and how a language code
+token is read. Torch-free and ONNX-free, so either side can import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The layout of bundle.json and of the graphs' inputs and outputs. Bump it on any change that
+# an older runtime would misread; the runtime refuses other formats with "re-export".
+# 2: decoder graphs select the top-k in the graph
+# 3: caches per layer; cross keys/values per source, shared by the beams of a sentence;
+#    only the top-k log-probs come out (no [B, V] output)
+BUNDLE_FORMAT = 3
+
+
+def layer_names(kind: str, layers: int) -> list[str]:
+    """The graphs' names for one kind ("cross", "past", "present") of per-layer keys/values,
+    layer by layer: [f"{kind}_keys_0", f"{kind}_values_0", f"{kind}_keys_1", ...]"""
+    return [f"{kind}_{part}_{i}" for i in range(layers) for part in ("keys", "values")]
+
+
+def sha256_of(path: Path) -> str:
+    """The checksum bundle.json records for each of its files."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def length_limit(source_length: int, max_length: int, max_positions: int) -> int:
+    """Most tokens a sentence may produce, </s> included: 1.5x its source plus 10, within the
+    caller's max_length and the model's positions (one is taken by the start token)."""
+    return max(1, min(max_length, max_positions - 1, int(1.5 * source_length) + 10))
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation of one sentence, as token ids; both searches return these."""
+
+    tokens: list[int]  # without the final </s>
+    score: float  # log_prob / length ** length_penalty: what hypotheses are ranked by
+    log_prob: float  # sum of token log-probs, </s> included when the sentence ended
+    # [produced tokens, source tokens] cross-attention weights (numpy), when asked for
+    alignment: Any = None
+
+
+def split_language_code(text: str) -> tuple[list[str], str]:
+    """A leading `>>xx<<` (multilingual Marian models name the target language so) is one
+    piece of its own, never cut by SentencePiece: ([">>xx<<"] or [], the rest)."""
+    if text.startswith(">>") and (end := text.find("<<")) != -1:
+        return [text[: end + 2]], text[end + 2 :]
+    return [], text
