@@ -178,7 +178,7 @@ class Trainer:
         )
 
     def _load_state(self) -> None:
-        state = torch.load(self.run_dir / "state.pt", map_location=self.device, weights_only=False)
+        state = torch.load(self.run_dir / "state.pt", map_location=self.device, weights_only=True)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])

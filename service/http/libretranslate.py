@@ -110,7 +110,9 @@ async def _read_fields(request: Request) -> dict[str, Any]:
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
             data = json.loads(await request.body() or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        # ValueError covers JSONDecodeError, bad UTF-8 and integers past Python's digit limit;
+        # RecursionError, JSON nested deeper than the parser's stack.
+        except (ValueError, RecursionError):
             raise LibreError(400, "Invalid JSON format") from None
         if not isinstance(data, dict):
             raise LibreError(400, "Invalid JSON format")
@@ -185,11 +187,17 @@ async def _translate(
 
 
 def _alternatives(value: Any, most: int) -> int:
-    if value in (None, ""):
+    """A count as LibreTranslate reads it (`int(value)`), from JSON or a form: an integer, a
+    string of digits, or a whole float. Infinity, NaN and huge numbers are refused."""
+    if value is None or value == "":
         return 0
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise LibreError(400, "Invalid request: alternatives parameter is not a whole number")
+    if isinstance(value, str) and len(value.strip()) > 10:  # int() is quadratic in digits
+        raise LibreError(400, f"Invalid request: alternatives must be between 0 and {most}")
     try:
         count = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
         raise LibreError(400, "Invalid request: alternatives parameter is not a number") from None
     if not 0 <= count <= most:
         raise LibreError(

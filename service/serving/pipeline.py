@@ -1,7 +1,9 @@
 """One translation request, from texts to results, through the model's batch scheduler:
 
-texts -> sentences (kept with their separators) -> token ids (checked against the per-sentence
-limit) -> one scheduler job -> hypotheses -> detokenized sentences -> texts in their layout.
+texts (checked and cleaned: input_text.py) -> sentences (kept with their separators) -> token
+ids of the sentences that have letters (checked against the per-sentence limit) -> one
+scheduler job -> hypotheses -> detokenized sentences (the others as they came) -> texts in
+their layout.
 
 Used by both the native API and the LibreTranslate-compatible one; knows nothing of HTTP.
 Waiting is where cancellation happens: if the client goes away or the deadline passes first,
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from service.runtime.search import Hypothesis, SearchOptions
 from service.runtime.tokenizer import BundleTokenizer
 from service.serving.errors import ClientGone, DeadlineExceeded, InvalidInput, TranslationFailed
+from service.serving.input_text import clean_text, has_letters
 from service.serving.lifecycle import Lifecycle
 from service.serving.registry import LoadedModel, ModelRegistry
 from service.serving.scheduler import SentenceFailed
@@ -25,8 +28,8 @@ from service.serving.sentences import SplitText, split_sentences
 from service.serving.settings import Settings
 
 WEIGHT_DECIMALS = 3
-# Longer requests are tokenized on a worker thread rather than on the event loop.
-TOKENIZE_INLINE_CHARS = 2000
+# Longer requests are split and tokenized on a worker thread rather than on the event loop.
+PREPARE_INLINE_CHARS = 2000
 
 
 @dataclass
@@ -83,13 +86,14 @@ class TranslationService:
     ) -> RequestResult:
         timeout = self.settings.request_timeout_seconds
         deadline = time.monotonic() + timeout
-        splits = [split_sentences(text) for text in texts]
-        if sum(len(text) for text in texts) > TOKENIZE_INLINE_CHARS:  # keep the loop responsive
-            sources, owners = await asyncio.to_thread(_encode, model, splits)
+        if sum(len(text) for text in texts) > PREPARE_INLINE_CHARS:  # keep the loop responsive
+            prepared = await asyncio.to_thread(_prepare, model, texts)
         else:
-            sources, owners = _encode(model, splits)
-        hypotheses = await self._run(model, sources, owners, options, deadline, client_gone)
-        return _assemble(model, splits, sources, hypotheses, options)
+            prepared = _prepare(model, texts)
+        hypotheses = await self._run(
+            model, prepared.sources, prepared.owners, options, deadline, client_gone
+        )
+        return _assemble(model, prepared, hypotheses, options)
 
     async def _run(
         self,
@@ -131,16 +135,41 @@ class TranslationService:
         raise DeadlineExceeded(self.settings.request_timeout_seconds)
 
 
-def _encode(model: LoadedModel, splits: list[SplitText]) -> tuple[list[list[int]], list[int]]:
-    """Every sentence's ids, and the index of the text each belongs to."""
-    sentences = [sentence for split in splits for sentence in split.sentences]
-    owners = [index for index, split in enumerate(splits) for _ in split.sentences]
+@dataclass
+class _Prepared:
+    """A request's texts, ready for the scheduler.
+
+    sources[i]: token ids of the i-th sentence that goes to the model, owners[i] its text;
+    slots[t][k]: the index in `sources` of text t's k-th sentence, or None when that sentence
+    has no letters and is returned as it is.
+    """
+
+    splits: list[SplitText]
+    sources: list[list[int]]
+    owners: list[int]
+    slots: list[list[int | None]]
+
+
+def _prepare(model: LoadedModel, texts: list[str]) -> _Prepared:
+    splits = [split_sentences(clean_text(text, index)) for index, text in enumerate(texts)]
+    sentences: list[str] = []
+    owners: list[int] = []
+    slots: list[list[int | None]] = []
+    for text_index, split in enumerate(splits):
+        slots.append([])
+        for sentence in split.sentences:
+            if not has_letters(sentence):
+                slots[-1].append(None)
+                continue
+            slots[-1].append(len(sentences))
+            sentences.append(sentence)
+            owners.append(text_index)
     sources = model.translator.tokenizer.encode(sentences) if sentences else []
     limit = model.max_tokens_per_sentence
     for position, ids in enumerate(sources):
         if len(ids) > limit:
             text = owners[position]
-            number = position - owners.index(text)
+            number = slots[text].index(position)
             raise InvalidInput(
                 ("body", "text", text),
                 f"text[{text}], sentence {number + 1}, has {len(ids)} tokens; the limit is "
@@ -148,44 +177,48 @@ def _encode(model: LoadedModel, splits: list[SplitText]) -> tuple[list[list[int]
                 "shorter sentences",
                 "too_many_tokens",
             )
-    return sources, owners
+    return _Prepared(splits, sources, owners, slots)
 
 
 def _assemble(
     model: LoadedModel,
-    splits: list[SplitText],
-    sources: list[list[int]],
+    prepared: _Prepared,
     hypotheses: list[list[Hypothesis]],
     options: SearchOptions,
 ) -> RequestResult:
     tokenizer = model.translator.tokenizer
     results: list[TextResult] = []
-    position = 0
-    for split in splits:
-        count = len(split.sentences)
-        mine = hypotheses[position : position + count]
-        mine_sources = sources[position : position + count]
-        position += count
-        if not mine:  # an empty or blank text
+    for split, slots in zip(prepared.splits, prepared.slots, strict=True):
+        # Each sentence's alternatives as (text, score), best first.
+        choices = [
+            [(sentence, 0.0)]
+            if slot is None
+            else [(tokenizer.decode(h.tokens), h.score) for h in hypotheses[slot]]
+            for sentence, slot in zip(split.sentences, slots, strict=True)
+        ]
+        if not choices:  # an empty or blank text
             results.append(TextResult("", 0.0, [Alternative("", 0.0)] * options.n_best))
             continue
         n_best = []
-        for rank in range(max(len(h) for h in mine)):
+        for rank in range(options.n_best):
             # The k-th alternative of a text joins the k-th alternative of each sentence.
-            chosen = [h[min(rank, len(h) - 1)] for h in mine]
-            text = split.join([tokenizer.decode(h.tokens) for h in chosen])
-            n_best.append(Alternative(text, sum(h.score for h in chosen) / len(chosen)))
-        alignment = (
-            [_alignment(tokenizer, s, h[0]) for s, h in zip(mine_sources, mine, strict=True)]
-            if options.alignment
-            else []
-        )
+            chosen = [c[min(rank, len(c) - 1)] for c in choices]
+            text = split.join([sentence for sentence, _ in chosen])
+            n_best.append(Alternative(text, sum(score for _, score in chosen) / len(chosen)))
+        alignment = []
+        if options.alignment:
+            alignment = [
+                SentenceAlignment([], [], [])
+                if slot is None
+                else _alignment(tokenizer, prepared.sources[slot], hypotheses[slot][0])
+                for slot in slots
+            ]
         results.append(TextResult(n_best[0].text, n_best[0].score, n_best, alignment))
     return RequestResult(
         model=model.name,
         texts=results,
-        sentences=len(sources),
-        input_tokens=sum(len(s) for s in sources),
+        sentences=len(prepared.sources),
+        input_tokens=sum(len(s) for s in prepared.sources),
         output_tokens=sum(len(h[0].tokens) for h in hypotheses),
     )
 

@@ -9,11 +9,15 @@ so under load batches fill by themselves and nobody waits for the timer.
 
 The wait is skipped while traffic is sequential, that is after a batch of one sentence: a lone
 client would otherwise pay `max_wait` on every request for companions that never come
-(measured: 15-25% of its throughput). The first batch after a shared one waits again.
+(docs/service.md measures what that costs). The first batch after a shared one waits again.
 
 Each request is a `Job`: its results come back in its own order whatever batches its sentences
 landed in. A job that is cancelled (client gone) or past its deadline leaves the queue at once.
 If a batch fails, its sentences are retried one by one so that only the culprit's job fails.
+
+Two parts: `BatchQueue` is the batching policy (what is queued, which batch is due, when to
+wait, what expired), a plain object with no thread and no clock of its own, so it is tested
+with made-up times; `BatchScheduler` runs it on a worker thread with a clock (injectable too).
 
 Knows nothing of HTTP: it raises `QueueFull`, `ShuttingDown` and `DeadlineExceeded`.
 """
@@ -75,6 +79,9 @@ class SentenceFailed(Exception):
         super().__init__(f"sentence {index}: {reason}")
 
 
+Clock = Callable[[], float]  # seconds, monotonic
+
+
 class Job:
     """One request's sentences. `future` resolves on the submitting event loop with one
     hypothesis list per sentence, in order, or with the exception that ended the job."""
@@ -85,11 +92,12 @@ class Job:
         options: SearchOptions,
         deadline: float,
         loop: asyncio.AbstractEventLoop,
+        now: float,
     ) -> None:
         self.sources = sources
         self.options = options
-        self.deadline = deadline  # time.monotonic() value
-        self.timeout = deadline - time.monotonic()
+        self.deadline = deadline  # on the scheduler's clock
+        self.timeout = deadline - now
         self.results: list[list[Hypothesis] | None] = [None] * len(sources)
         self.remaining = len(sources)
         self.closed = False  # finished, failed or cancelled: no more work (under the lock)
@@ -112,7 +120,9 @@ class Job:
 
 
 @dataclass
-class _Item:
+class QueuedSentence:
+    """Sentence `index` of `job`, queued at time `enqueued`."""
+
     job: Job
     index: int
     enqueued: float
@@ -122,6 +132,74 @@ class _Item:
         self.tokens = len(self.job.sources[self.index])
 
 
+class BatchQueue:
+    """The batching policy over queued sentences. Not thread-safe: the scheduler holds its
+    lock around every call. Times are passed in, so tests need no clock and no sleep."""
+
+    def __init__(self, model: str, limits: BatchLimits) -> None:
+        self.model = model
+        self.limits = limits
+        self.items: deque[QueuedSentence] = deque()
+        self.last_batch_shared = True  # until a lone batch shows traffic is sequential
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, job: Job, now: float) -> None:
+        """Queue every sentence of a job, or raise QueueFull. A job larger than the whole
+        queue is still admitted when the queue is empty, so that it can be served at all."""
+        queued = len(self.items)
+        if queued and queued + len(job.sources) > self.limits.max_queued:
+            raise QueueFull(self.model, queued, self.limits.max_queued, self.limits.retry_after)
+        self.items.extend(QueuedSentence(job, index, now) for index in range(len(job.sources)))
+
+    def remove(self, job: Job) -> int:
+        """Drop a job's queued sentences; returns how many there were."""
+        before = len(self.items)
+        self.items = deque(item for item in self.items if item.job is not job)
+        return before - len(self.items)
+
+    def expired_jobs(self, now: float) -> list[Job]:
+        """The distinct jobs with queued sentences whose deadline has passed, oldest first."""
+        found: dict[int, Job] = {}
+        for item in self.items:
+            if item.job.deadline <= now:
+                found.setdefault(id(item.job), item.job)
+        return list(found.values())
+
+    def next_batch(self, now: float, closing: bool = False) -> tuple[list[QueuedSentence], float]:
+        """The batch due now, taken off the queue, or ([], seconds to wait before asking
+        again: 0 when the queue is empty, for "until something arrives")."""
+        if not self.items:
+            return [], 0.0
+        head = self.items[0]
+        batch, full = self._gather(head.job.options)
+        max_wait = self.limits.max_wait if self.last_batch_shared else 0.0
+        wait_left = head.enqueued + max_wait - now
+        if not (full or wait_left <= 0 or closing):
+            return [], wait_left
+        taken = {id(item) for item in batch}
+        self.items = deque(item for item in self.items if id(item) not in taken)
+        self.last_batch_shared = len(batch) > 1
+        return batch, 0.0
+
+    def _gather(self, options: SearchOptions) -> tuple[list[QueuedSentence], bool]:
+        """The oldest queued sentences decoded with `options`, within the batch limits.
+        `full` is True when the limits, not the queue, ended the batch."""
+        batch: list[QueuedSentence] = []
+        tokens = 0
+        for item in self.items:
+            if item.job.options != options:
+                continue
+            if batch and tokens + item.tokens > self.limits.max_tokens:
+                return batch, True
+            batch.append(item)
+            tokens += item.tokens
+            if len(batch) >= self.limits.max_sentences:
+                return batch, True
+        return batch, False
+
+
 class BatchScheduler:
     def __init__(
         self,
@@ -129,13 +207,14 @@ class BatchScheduler:
         run_batch: BatchRunner,
         limits: BatchLimits,
         observer: BatchObserver | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
         self.model = model
         self.limits = limits
+        self.clock = clock
         self._run_batch = run_batch
         self._observer = observer
-        self._queue: deque[_Item] = deque()
-        self._last_batch_shared = True  # until a lone batch shows traffic is sequential
+        self._queue = BatchQueue(model, limits)
         self._lock = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._work, name=f"nmt-batch-{model}", daemon=True)
@@ -150,9 +229,9 @@ class BatchScheduler:
         return len(self._queue)
 
     def submit(self, sources: list[list[int]], options: SearchOptions, deadline: float) -> Job:
-        """Queue a request's sentences. A request larger than the whole queue is still admitted
-        when the queue is empty, so that every valid request can be served eventually."""
-        job = Job(sources, options, deadline, asyncio.get_running_loop())
+        """Queue a request's sentences (see BatchQueue.add); `deadline` is on self.clock."""
+        now = self.clock()
+        job = Job(sources, options, deadline, asyncio.get_running_loop(), now)
         if not sources:
             job.closed = True
             job.settle([])
@@ -160,11 +239,7 @@ class BatchScheduler:
         with self._lock:
             if self._closing:
                 raise ShuttingDown("the server is shutting down: no new work is accepted")
-            queued = len(self._queue)
-            if queued and queued + len(sources) > self.limits.max_queued:
-                raise QueueFull(self.model, queued, self.limits.max_queued, self.limits.retry_after)
-            now = time.monotonic()
-            self._queue.extend(_Item(job, index, now) for index in range(len(sources)))
+            self._queue.add(job, now)
             self._report_depth()
             self._lock.notify()
         return job
@@ -195,44 +270,19 @@ class BatchScheduler:
                 for item in batch:
                     self._fail(item, error)
 
-    def _next_batch(self) -> list[_Item] | None:
+    def _next_batch(self) -> list[QueuedSentence] | None:
         with self._lock:
             while True:
                 self._drop_expired()
-                if not self._queue:
-                    if self._closing:
-                        return None
-                    self._lock.wait()
-                    continue
-                head = self._queue[0]
-                batch, full = self._gather(head.job.options)
-                max_wait = self.limits.max_wait if self._last_batch_shared else 0.0
-                wait_left = head.enqueued + max_wait - time.monotonic()
-                if full or wait_left <= 0 or self._closing:
-                    taken = {id(item) for item in batch}
-                    self._queue = deque(i for i in self._queue if id(i) not in taken)
+                batch, wait = self._queue.next_batch(self.clock(), self._closing)
+                if batch:
                     self._report_depth()
-                    self._last_batch_shared = len(batch) > 1
                     return batch
-                self._lock.wait(wait_left)
+                if not self._queue and self._closing:
+                    return None
+                self._lock.wait(wait or None)
 
-    def _gather(self, options: SearchOptions) -> tuple[list[_Item], bool]:
-        """The oldest queued sentences decoded with `options`, within the batch limits.
-        `full` is True when the limits, not the queue, ended the batch."""
-        batch: list[_Item] = []
-        tokens = 0
-        for item in self._queue:
-            if item.job.options != options:
-                continue
-            if batch and tokens + item.tokens > self.limits.max_tokens:
-                return batch, True
-            batch.append(item)
-            tokens += item.tokens
-            if len(batch) >= self.limits.max_sentences:
-                return batch, True
-        return batch, False
-
-    def _run(self, batch: list[_Item]) -> None:
+    def _run(self, batch: list[QueuedSentence]) -> None:
         batch = [item for item in batch if not item.job.closed]  # cancelled since gathered
         if not batch:
             return
@@ -256,11 +306,11 @@ class BatchScheduler:
                 except Exception as single_error:
                     self._fail(item, single_error)
 
-    def _translate(self, batch: list[_Item], options: SearchOptions) -> None:
-        started = time.monotonic()
+    def _translate(self, batch: list[QueuedSentence], options: SearchOptions) -> None:
+        started = self.clock()
         sources = [item.job.sources[item.index] for item in batch]
         results = self._run_batch(sources, options)
-        seconds = time.monotonic() - started
+        seconds = self.clock() - started
         if self._observer:
             self._observer.observe_batch(
                 self.model,
@@ -284,7 +334,7 @@ class BatchScheduler:
         for job in finished:
             job.settle(job.results)  # type: ignore[arg-type]  # every slot is filled now
 
-    def _fail(self, item: _Item, error: Exception) -> None:
+    def _fail(self, item: QueuedSentence, error: Exception) -> None:
         log.warning("engine failed on one sentence (%d tokens): %s", item.tokens, error)
         with self._lock:
             if item.job.closed:
@@ -298,15 +348,12 @@ class BatchScheduler:
     def _close_job(self, job: Job) -> int:
         """Mark a job closed and drop its queued sentences; returns how many were dropped."""
         job.closed = True
-        before = len(self._queue)
-        self._queue = deque(item for item in self._queue if item.job is not job)
+        dropped = self._queue.remove(job)
         self._report_depth()
-        return before - len(self._queue)
+        return dropped
 
     def _drop_expired(self) -> None:
-        now = time.monotonic()
-        expired = {id(i.job): i.job for i in self._queue if i.job.deadline <= now}
-        for job in expired.values():
+        for job in self._queue.expired_jobs(self.clock()):
             dropped = self._close_job(job)
             self._report_dropped("deadline", dropped)
             job.settle(DeadlineExceeded(job.timeout))

@@ -12,6 +12,13 @@ The rules are deliberately small and predictable rather than clever:
 
 The whitespace between sentences (spaces, newlines, blank lines) is kept exactly; whitespace
 before the first and after the last sentence is dropped.
+
+It runs on every request, on text a client chose, so it must take linear time whatever the
+text: a regular expression that can start a match anywhere inside a long run of `.` or of
+spaces, and scan to the run's end each time, is quadratic (a few thousand dots took seconds).
+So each pattern may only start where a run starts (a negative lookbehind), and never
+backtracks into the run (possessive quantifiers); the abbreviation check looks at the last
+word only.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_LINE_BREAK = re.compile(r"(\s*\n\s*)")
-_END_OF_SENTENCE = re.compile(r"[.!?…]+[\"'»”’)\]]*(\s+)")
+# Horizontal whitespace, a line break, then any whitespace: one separator.
+_LINE_BREAK = re.compile(r"((?<![^\S\n])[^\S\n]*+\n\s*+)")
+_END_OF_SENTENCE = re.compile(r"(?<![.!?…])[.!?…]++[\"'»”’)\]]*+(\s++)")
 _OPENERS = "«\"“‘'([¿¡-–—"
 # Titles and the like that end in a period but rarely end a sentence (lower case, no period).
 _ABBREVIATIONS = frozenset(
@@ -73,7 +81,7 @@ def _split_line(line: str) -> tuple[list[str], list[str]]:
         following = line[match.end() : match.end() + 1]
         if not following or not _starts_sentence(following):
             continue
-        if _is_abbreviation(line[start : match.start(1)]):
+        if _is_abbreviation(_last_word(line, start, match.start(1))):
             continue
         sentences.append(line[start : match.start(1)])
         separators.append(match.group(1))
@@ -86,12 +94,21 @@ def _starts_sentence(character: str) -> bool:
     return character.isupper() or character.isdigit() or character in _OPENERS
 
 
-def _is_abbreviation(sentence_so_far: str) -> bool:
-    """Does the text end in "Dr." or "J." (a title or an initial) rather than a sentence?"""
-    words = sentence_so_far.split()
-    if not words or not words[-1].endswith(".") or words[-1].endswith(".."):
+def _last_word(line: str, start: int, end: int) -> str:
+    """The word of line[start:end] that ends at `end` (the text before it ends a word:
+    punctuation is always followed by whitespace here). Walks back over that word only, so
+    that checking every candidate end costs the length of the line in all."""
+    begin = end
+    while begin > start and not line[begin - 1].isspace():
+        begin -= 1
+    return line[begin:end]
+
+
+def _is_abbreviation(word: str) -> bool:
+    """Is this word "Dr." or "J." (a title or an initial) rather than the end of a sentence?"""
+    if not word.endswith(".") or word.endswith(".."):
         return False
-    word = words[-1].rstrip(".")
+    word = word.rstrip(".")
     if len(word) == 1 and word.isalpha():
         return True
     return word.lower() in _ABBREVIATIONS

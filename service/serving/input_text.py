@@ -1,0 +1,37 @@
+"""What a client's text must be before it reaches the tokenizer, and what is not worth a model.
+
+* Lone surrogates (`"\\ud800"` escaped in JSON) are not Unicode text: no encoder can take them,
+  so such a text is refused with a 422 that says where, rather than failing deep inside.
+* Control characters (C0 and C1, but tab, line feed and carriage return) carry no meaning a
+  translation can keep, and invent words when fed to the model: each becomes a space.
+* A sentence with no letter at all (emoji, numbers, punctuation, symbols) is returned
+  unchanged instead of being decoded, as DeepL and Google do: a model trained on captions
+  turns such input into fluent inventions.
+"""
+
+from __future__ import annotations
+
+import re
+
+from service.serving.errors import InvalidInput
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def clean_text(text: str, index: int) -> str:
+    """The text with control characters replaced by spaces; InvalidInput for a surrogate.
+    `index` is the text's position in the request, for the error's location."""
+    if found := _SURROGATE.search(text):
+        raise InvalidInput(
+            ("body", "text", index),
+            f"text[{index}] holds a lone surrogate (U+{ord(found.group()):04X}) at character "
+            f"{found.start()}: send valid Unicode (UTF-8)",
+            "invalid_unicode",
+        )
+    return _CONTROL.sub(" ", text)
+
+
+def has_letters(sentence: str) -> bool:
+    """Is there anything for the model to translate? (Any letter of any script.)"""
+    return any(character.isalpha() for character in sentence)

@@ -1,0 +1,125 @@
+"""The architecture holds: the service's three layers import downwards only, the serving side
+never imports torch, the offline side meets the runtime only through nmt_contract, and every
+service error declares a status that each API dialect turns into an answer."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from starlette.requests import Request
+
+from service.http.app import create_app
+from service.http.libretranslate import _as_libre_error
+from service.serving import errors
+from service.serving.settings import Settings
+from tests.conftest import ROOT
+
+# Which packages each part may import from this project (besides itself).
+ALLOWED = {
+    "service.runtime": {"nmt_contract"},
+    "service.serving": {"nmt_contract", "service.runtime"},
+    "service.http": {"nmt_contract", "service.runtime", "service.serving"},
+    "export": {"nmt_contract", "export"},
+}
+PROJECT_PACKAGES = ("service", "export", "bench", "nmt_contract", "nmt_cli")
+
+
+def project_imports(path: Path) -> set[str]:
+    """Modules of this project that a file imports (absolute imports: the code uses no others)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        found |= {n for n in names if n.split(".")[0] in PROJECT_PACKAGES}
+    return found
+
+
+@pytest.mark.parametrize("part", sorted(ALLOWED))
+def test_each_part_imports_only_the_layers_below_it(part: str):
+    folder = ROOT.joinpath(*part.split("."))
+    files = sorted(folder.rglob("*.py"))
+    assert files
+    wrong = []
+    for file in files:
+        for module in project_imports(file):
+            if not any(
+                module == ok or module.startswith(ok + ".") for ok in ALLOWED[part] | {part}
+            ):
+                wrong.append(f"{file.relative_to(ROOT)} imports {module}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_serving_side_never_imports_torch() -> None:
+    code = (
+        "import sys, pkgutil, importlib, service, nmt_contract\n"
+        "for m in pkgutil.walk_packages(service.__path__, 'service.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "assert 'torch' not in sys.modules, 'service imported torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def every_subclass(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *every_subclass(sub))]
+
+
+# One instance of every service error; a new error class must be added here (the test says so).
+SAMPLES: dict[type, errors.ServiceError] = {
+    errors.NotReady: errors.NotReady("models are loading"),
+    errors.ShuttingDown: errors.ShuttingDown("shutting down"),
+    errors.UnknownPair: errors.UnknownPair("fr", "xx", ["fr-en"]),
+    errors.InvalidInput: errors.InvalidInput(("body", "text", 0), "too long", "too_long"),
+    errors.QueueFull: errors.QueueFull("fr-en", 10, 10, 3),
+    errors.DeadlineExceeded: errors.DeadlineExceeded(2.0),
+    errors.ClientGone: errors.ClientGone("gone"),
+    errors.InternalError: errors.InternalError("a bug"),
+    errors.TranslationFailed: errors.TranslationFailed(1, "onnxruntime failed"),
+}
+
+
+def test_every_service_error_has_a_sample_here():
+    missing = set(every_subclass(errors.ServiceError)) - set(SAMPLES)
+    assert not missing, f"add a sample of {missing} to SAMPLES"
+
+
+def raising(error: errors.ServiceError):
+    async def route() -> None:
+        raise error
+
+    return route
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> TestClient:
+    """An app (its models fail to load: there are none) with a route raising each sample."""
+    app = create_app(Settings(model_dir=tmp_path_factory.mktemp("empty"), warmup=False))
+    for index, error in enumerate(SAMPLES.values()):
+        app.add_api_route(f"/raise/{index}", raising(error))
+    return TestClient(app)
+
+
+@pytest.mark.parametrize("kind", list(SAMPLES), ids=lambda kind: kind.__name__)
+def test_every_error_is_answered_with_its_own_status_in_each_dialect(client: TestClient, kind):
+    index = list(SAMPLES).index(kind)
+    error = SAMPLES[kind]
+    response = client.get(f"/raise/{index}", headers={"x-request-id": "req-7"})
+    assert response.status_code == kind.status
+    assert "detail" in response.json()
+    for name, value in error.headers().items():
+        assert response.headers[name] == value
+    internal = isinstance(error, errors.InternalError)
+    assert ("req-7" in response.text) == internal  # a server fault points at its log line
+    assert (kind.status >= 500 and kind.status not in (503, 504)) == internal
+
+    request = Request({"type": "http", "state": {"request_id": "req-7"}, "headers": []})
+    libre = _as_libre_error(error, request)
+    assert libre.status == (400 if kind.status in (404, 413, 422) else kind.status)
+    assert libre.message
