@@ -1,0 +1,34 @@
+"""Ours against CTranslate2 and transformers, on the same weights and the same sentences.
+
+    nmt bench --checkpoint models/fr-en            (or: python -m bench.compare ...)
+
+One run prepares the three forms of one checkpoint (our ONNX bundle, fp32 + int8; the Hugging
+Face Marian directory from `nmt export-marian`; its CTranslate2 conversion by the stock
+`ct2-transformers-converter`), then times every engine on the same pre-tokenized sentences:
+
+* ours: fp32 and int8, with and without the KV cache (ONNX Runtime);
+* CTranslate2: compute_type float32 and int8;
+* transformers: `MarianMTModel.generate` (torch, fp32).
+
+Each engine runs in its own subprocess, one after the other, so that its peak memory (the
+process's resident-set high-water mark, `VmHWM`: interpreter, libraries, weights and
+working memory) is its own, and no engine warms the caches of the next. Sentences are sorted by
+length and cut into the same batches for every engine; each configuration is timed `--repeat`
+times after a warm-up batch and the median is kept. Tokens/s counts output tokens (one per
+produced token, plus one for </s>) over decoding time (encoder included, tokenization not).
+
+It also checks that the engines translate alike (beam 4, every line of the test set, each
+sentence with the same length limit: ours is `min(max_length, 1.5 * source + 10)`; the others
+get it per group of sentences sharing a limit). Writes two sections of docs/benchmarks.md
+("compare", "compare-parity") and docs/compare.svg. Needs the `bench` extra.
+
+Modules, one job each: `prepare` (artefacts and sentences), `runners` (the engines),
+`worker` (one engine in its own process), `profiling` (ONNX Runtime's profiler), `parity`
+(same translations?), `report` (the speed tables), `plot` (the chart), `cli` (the command).
+Measured numbers live in docs/benchmarks.md, never here: rerun the command to refresh them.
+"""
+
+from bench.compare.cli import add_arguments, main, run_from_args
+from bench.compare.parity import run_parity
+
+__all__ = ["add_arguments", "main", "run_from_args", "run_parity"]

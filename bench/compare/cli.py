@@ -1,0 +1,170 @@
+"""`nmt bench`: the options, the run from preparation to the written pages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+from bench.compare.parity import parity_markdown, run_parity
+from bench.compare.plot import svg_chart
+from bench.compare.prepare import by_length, id_maps, load_sources, pad_norm, prepare
+from bench.compare.profiling import profile_markdown
+from bench.compare.report import label, speed_markdown, speed_rows, versions
+from bench.compare.runners import ENGINES, REFERENCE, SEARCHES
+from bench.compare.worker import make_job, run_worker, spawn
+from bench.report import BENCHMARKS, replace_section
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", type=Path, default=Path("models/fr-en"))
+    parser.add_argument(
+        "--data", type=Path, default=None, help="source sentences (default: test_2016_flickr.fr)"
+    )
+    parser.add_argument("--sentences", type=int, default=200, help="lines timed (first N)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per configuration")
+    parser.add_argument("--threads", type=int, default=0, help="per engine (0 = all cores)")
+    parser.add_argument(
+        "--engines", default=",".join(ENGINES), help=f"comma-separated subset of {list(ENGINES)}"
+    )
+    parser.add_argument("--work-dir", type=Path, default=Path("build/compare"))
+    parser.add_argument("--out", type=Path, default=BENCHMARKS, help="markdown page to update")
+    parser.add_argument(
+        "--section",
+        default="compare",
+        help="section of the page for the speed table (e.g. compare-2-threads for a second "
+        "thread setting; the chart is then compare-2-threads.svg)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile ours int8 at beam 4, batch 32 (ONNX Runtime profiler): where the "
+        "time goes",
+    )
+    parser.add_argument(
+        "--parity-lines",
+        type=int,
+        default=0,
+        help="lines for the translation check (0 = the whole test set, -1 = skip it)",
+    )
+
+
+def _default_data() -> Path:
+    from export.train_config import multi30k_dir
+
+    return multi30k_dir() / "test_2016_flickr.fr"
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run, as the report quotes it."""
+    command = (
+        f"nmt bench --checkpoint {args.checkpoint} --sentences {args.sentences} "
+        f"--repeat {args.repeat} --threads {args.threads}"
+    )
+    if args.engines != ",".join(ENGINES):
+        command += f" --engines '{args.engines}'"
+    if args.parity_lines:
+        command += f" --parity-lines {args.parity_lines}"
+    if args.section != "compare":
+        command += f" --section {args.section}"
+    if args.profile:
+        command += " --profile"
+    return command
+
+
+def _engine_names(engines: str) -> list[str]:
+    """The engines asked for, the reference first (ratios need it)."""
+    names = [n.strip() for n in engines.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(ENGINES))
+    if unknown:
+        raise SystemExit(f"unknown engines {unknown}; choose among {list(ENGINES)}")
+    return [REFERENCE, *[n for n in names if n != REFERENCE]]
+
+
+def _setup(args: argparse.Namespace, data: Path, sources: list[list[int]], threads: int) -> dict:
+    """What the report says about the run: sentences, threads, machine, library versions."""
+    return {
+        "sentences": len(sources),
+        "data": data.name,
+        "mean_source": sum(len(s) for s in sources) / len(sources),
+        "threads": threads,
+        "repeat": args.repeat,
+        "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "versions": versions(),
+        "checkpoint": str(args.checkpoint),
+    }
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    names = _engine_names(args.engines)
+    threads = args.threads or os.cpu_count() or 1
+    data = args.data or _default_data()
+    work = args.work_dir
+    paths = prepare(args.checkpoint, work)
+    maps = id_maps(args.checkpoint)
+    _, sources = load_sources(paths["bundle"], data, args.sentences)
+    _, sources, limits = by_length(sources, maps["max_positions"])
+
+    def job(name: str, runs: list[dict], **extra: str) -> dict:
+        return make_job(name, paths, threads, maps, sources, limits, runs, **extra)
+
+    runs = [
+        {"beam": beam, "batch": batch, "repeat": args.repeat, "exact_limits": False}
+        for beam, batch in SEARCHES
+    ]
+    results = {}
+    for name in names:
+        print(f"{name}:", flush=True)
+        results[name] = spawn(job(name, runs), work)
+    rows = speed_rows(results)
+    profile = None
+    if args.profile:
+        print("profiling ours int8, beam 4, batch 32:", flush=True)
+        one_run = [{"beam": 4, "batch": 32, "repeat": 1, "exact_limits": False}]
+        prefix = str((work / "ort-profile").resolve())
+        # Its own name, so that its job and result files do not overwrite the timed ones.
+        profiled = job("ours int8", one_run, profile_prefix=prefix) | {"name": "ours int8 profiled"}
+        profile = spawn(profiled, work)["profile"]
+    setup = _setup(args, data, sources, threads)
+    svg_path = args.out.parent / f"{args.section}.svg"
+    svg_path.parent.mkdir(parents=True, exist_ok=True)
+    svg_path.write_text(svg_chart(rows, f"Tokens/s on {len(sources)} sentences, same weights"))
+    command = _command(args)
+    markdown = speed_markdown(rows, setup, command, svg_path.name)
+    if profile:
+        markdown += "\n\n" + profile_markdown(profile)
+    replace_section(args.section, markdown, args.out)
+    summary = {
+        r["name"]: {label(k): round(c["tps"], 1) for k, c in r["cells"].items()} for r in rows
+    }
+
+    if args.parity_lines >= 0:
+        count = args.parity_lines or None
+        result = run_parity(args.checkpoint, data, work, threads, count)
+        note = pad_norm(args.checkpoint)
+        replace_section("compare-parity", parity_markdown(result, command, note), args.out)
+        summary["parity"] = {n: f"{r['equal']}/{r['total']}" for n, r in result["engines"].items()}
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {args.out} and {svg_path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:  # one engine's process, started by worker.spawn
+        job_path, result_path = Path(argv[1]), Path(argv[2])
+        result = run_worker(json.loads(job_path.read_text()))
+        result_path.write_text(json.dumps(result))
+        return 0
+    from bench.compare import __doc__ as description
+
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.compare",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))

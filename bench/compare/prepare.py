@@ -1,0 +1,87 @@
+"""Preparation: the three forms of one checkpoint, and the sentences every engine gets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from nmt_contract import BUNDLE_FORMAT, length_limit, sha256_of
+
+MAX_LENGTH = 256  # the engine's default cap on output tokens
+
+
+def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
+    """Bundle, Marian directory and CTranslate2 model of one checkpoint (kept while it does
+    not change: a stamp records the checksum of the weights they came from and the bundle
+    format; delete the work directory to rebuild them after other changes to the exporters)."""
+    from export.marian import export_marian
+    from export.onnx_export import export_bundle
+
+    work.mkdir(parents=True, exist_ok=True)
+    paths = {"bundle": work / "bundle", "marian": work / "marian", "ct2": work / "ct2"}
+    stamp = work / "stamp.json"
+    weights = {
+        "checkpoint": str(checkpoint),
+        "sha256": sha256_of(checkpoint / "model.safetensors"),
+        "bundle_format": BUNDLE_FORMAT,
+    }
+    fresh = stamp.is_file() and json.loads(stamp.read_text()) == weights
+    if fresh and all(p.exists() for p in paths.values()):
+        return paths
+    stamp.unlink(missing_ok=True)
+    print(f"preparing {work}: ONNX bundle, Marian directory, CTranslate2 model", flush=True)
+    export_bundle(checkpoint, paths["bundle"], int8=True)
+    export_marian(checkpoint, paths["marian"])
+    converter = Path(sys.executable).with_name("ct2-transformers-converter")
+    converted = subprocess.run(
+        [converter, "--model", paths["marian"], "--output_dir", paths["ct2"], "--force"],
+        capture_output=True,
+        text=True,
+    )
+    if converted.returncode:
+        raise SystemExit(f"ct2-transformers-converter failed:\n{converted.stderr[-2000:]}")
+    stamp.write_text(json.dumps(weights) + "\n")
+    return paths
+
+
+def load_sources(bundle: Path, data: Path, count: int | None) -> tuple[list[str], list[list[int]]]:
+    """The first `count` lines (all when None), tokenized by the bundle's own tokenizer."""
+    from service.runtime.bundle import load_bundle
+    from service.runtime.tokenizer import BundleTokenizer
+
+    lines = data.read_text(encoding="utf-8").splitlines()
+    lines = lines[:count] if count else lines
+    return lines, BundleTokenizer(load_bundle(bundle)).encode(lines)
+
+
+def by_length(
+    sources: list[list[int]], max_positions: int
+) -> tuple[list[int], list[list[int]], list[int]]:
+    """Sources sorted by length, so that a batch holds alike lengths and splits into few groups
+    of equal limit: (the order, the sorted sources, each one's length limit)."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    ordered = [sources[i] for i in order]
+    return order, ordered, [length_limit(len(s), MAX_LENGTH, max_positions) for s in ordered]
+
+
+def id_maps(checkpoint: Path) -> dict:
+    """Our ids -> the exported Marian directory's ids (<pad> moves to the end)."""
+    from export.marian import our_ids_to_marian
+    from export.model.config import ModelConfig
+
+    config = ModelConfig.from_json(checkpoint / "config.json")
+    return {"to_marian": our_ids_to_marian(config), "max_positions": config.max_positions}
+
+
+def pad_norm(checkpoint: Path) -> float:
+    """The norm of the `<pad>` embedding, where the decoder starts (CTranslate2 starts at 0)."""
+    from safetensors import safe_open
+
+    from export.model.config import ModelConfig
+
+    config = ModelConfig.from_json(checkpoint / "config.json")
+    with safe_open(str(checkpoint / "model.safetensors"), "np") as weights:
+        row = weights.get_slice("embed_tokens.weight")[config.pad_id]
+    return float((row.astype("float64") ** 2).sum() ** 0.5)

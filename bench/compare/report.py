@@ -1,0 +1,127 @@
+"""The speed report: tokens/s per engine and search, memory, and the targets of issue 5."""
+
+from __future__ import annotations
+
+from bench.compare.runners import REFERENCE, SEARCHES
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("onnxruntime", "ctranslate2", "transformers", "torch"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "absent"
+    return found
+
+
+def speed_rows(results: dict[str, dict]) -> list[dict]:
+    """One row per engine: tokens/s and ratio to ours fp32 for every (beam, batch)."""
+    reference = {(r["beam"], r["batch"]): r for r in results[REFERENCE]["runs"]}
+    rows = []
+    for name, result in results.items():
+        cells = {}
+        for run in result["runs"]:
+            key = (run["beam"], run["batch"])
+            tps = run["tokens"] / run["median"]
+            base = reference[key]
+            same = sum(a == b for a, b in zip(run["outputs"], base["outputs"], strict=True))
+            cells[key] = {
+                "tps": tps,
+                "ratio": tps / (base["tokens"] / base["median"]),
+                "same": same / len(run["outputs"]),
+            }
+        rows.append(
+            {
+                "name": name,
+                "cells": cells,
+                "peak_rss_mib": result["peak_rss_mib"],
+                "rss_loaded_mib": result["rss_loaded_mib"],
+                "load_seconds": result["load_seconds"],
+            }
+        )
+    return rows
+
+
+def columns(rows: list[dict]) -> list[tuple[int, int]]:
+    """The searches that were run, in table order."""
+    return [k for k in SEARCHES if k in rows[0]["cells"]]
+
+
+def label(key: tuple[int, int]) -> str:
+    beam, batch = key
+    return f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {batch}"
+
+
+def targets(rows: list[dict]) -> list[str]:
+    """Issue 5's targets, at beam 4, batch 32, for the engines that ran."""
+    tps = {r["name"]: r["cells"][(4, 32)]["tps"] for r in rows if (4, 32) in r["cells"]}
+    ours, ct2, hf = tps.get("ours int8"), tps.get("ctranslate2 int8"), tps.get("transformers fp32")
+    notes = []
+    if ours is not None and ct2 is not None:
+        notes.append(
+            "- ours int8 at or above CTranslate2 int8 (beam 4, batch 32): "
+            f"**{'met' if ours >= ct2 else 'not met'}** "
+            f"({ours:.0f} vs {ct2:.0f} tokens/s, {ours / ct2:.2f}x)"
+        )
+    if ours is not None and hf is not None:
+        notes.append(
+            "- ours int8 at least 5x transformers generate (beam 4, batch 32): "
+            f"**{'met' if ours >= 5 * hf else 'not met'}** ({ours / hf:.1f}x)"
+        )
+    return notes
+
+
+def speed_markdown(rows: list[dict], setup: dict, command: str, svg_name: str) -> str:
+    keys = columns(rows)
+    versions = ", ".join(f"{k} {v}" for k, v in setup["versions"].items())
+    lines = [
+        "## Same weights: ours vs CTranslate2 vs transformers, "
+        f"{setup['threads'] or 'all cores as'} thread(s) per engine",
+        "",
+        f"Reproduce: `{command}`",
+        "",
+        f"{setup['sentences']} lines of `{setup['data']}` (mean {setup['mean_source']:.1f} "
+        f"source tokens), {setup['threads']} thread(s) for every engine, median of "
+        f"{setup['repeat']} runs, {setup['cpu']}; {versions}. Same weights: the checkpoint "
+        f"`{setup['checkpoint']}` as our ONNX bundle, as a Hugging Face Marian directory "
+        "(`nmt export-marian`) and as its CTranslate2 conversion (`ct2-transformers-converter`). "
+        "Sentences are sorted by length and cut into the same batches for every engine. "
+        "Tokens/s = output tokens (</s> included) / decoding time (encoder included, "
+        "tokenization not); in brackets, the ratio to ours fp32 with the KV cache.",
+        "",
+        "| engine | " + " | ".join(label(k) for k in keys) + " |",
+        "|---|" + "---|" * len(keys),
+    ]
+    for row in rows:
+        cells = [f"{row['cells'][k]['tps']:.0f} ({row['cells'][k]['ratio']:.2f}x)" for k in keys]
+        lines.append(f"| {row['name']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"![tokens per second by engine]({svg_name})",
+        "",
+        "Peak memory: each engine runs in its own process; peak RSS is that process's "
+        "resident-set high-water mark (`VmHWM`) over loading and every configuration "
+        "above (interpreter and libraries included: transformers brings torch). "
+        "'Same output' is the share of sentences whose tokens equal ours fp32's in the same "
+        "configuration (beam 4, batch 32): int8 engines differ by quantization; the others get "
+        "one length limit per call (the largest of its batch), so sentences that reach their "
+        "limit can differ (the parity section gives every sentence its own limit).",
+        "",
+        "| engine | peak RSS (MiB) | RSS after loading (MiB) | load (s) | same output |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        same = row["cells"].get((4, 32), {}).get("same")
+        loaded = row["rss_loaded_mib"]
+        lines.append(
+            f"| {row['name']} | {row['peak_rss_mib']:.0f} | "
+            f"{'?' if loaded is None else f'{loaded:.0f}'} | {row['load_seconds']:.1f} | "
+            f"{'' if same is None else f'{same:.1%}'} |"
+        )
+    notes = targets(rows)
+    if notes:
+        lines += ["", "Targets (issue 5):", "", *notes]
+    return "\n".join(lines)

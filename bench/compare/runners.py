@@ -1,0 +1,128 @@
+"""The engines: one runner class each, all translating our token ids into our token ids.
+
+A runner is built from a job (see `worker.make_job`) inside the engine's own process, and
+imports its engine only there, so that the parent process never loads any of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+# Every configuration in the table, in order. "ours" fp32 with the cache is the reference.
+ENGINES = {
+    "ours fp32": {"engine": "ours", "int8": False, "cache": True},
+    "ours int8": {"engine": "ours", "int8": True, "cache": True},
+    "ours fp32 no cache": {"engine": "ours", "int8": False, "cache": False},
+    "ours int8 no cache": {"engine": "ours", "int8": True, "cache": False},
+    "ctranslate2 fp32": {"engine": "ctranslate2", "compute_type": "float32"},
+    "ctranslate2 int8": {"engine": "ctranslate2", "compute_type": "int8"},
+    "transformers fp32": {"engine": "transformers"},
+}
+REFERENCE = "ours fp32"
+SEARCHES = ((1, 1), (1, 32), (4, 1), (4, 32))  # (beam, batch): the table's columns
+
+
+class Runner(Protocol):
+    def translate(self, sources: list[list[int]], beam: int, limit: int) -> list[list[int]]:
+        """Best hypothesis of each source, without </s>; `limit` caps its length."""
+        ...
+
+
+class OursRunner:
+    def __init__(self, job: dict) -> None:
+        from service.runtime.bundle import load_bundle
+        from service.runtime.engine import EngineOptions
+        from service.runtime.translator import Translator
+
+        spec = job["spec"]
+        options = EngineOptions(
+            int8=spec["int8"], use_cache=spec["cache"], intra_op_threads=job["threads"]
+        )
+        self.translator = Translator(load_bundle(job["paths"]["bundle"]), options)
+
+    def translate(self, sources: list[list[int]], beam: int, limit: int) -> list[list[int]]:
+        from service.runtime.search import SearchOptions
+
+        # The engine derives each sentence's limit from its length; `limit` is the same rule.
+        found = self.translator.translate_ids(sources, SearchOptions(beam_size=beam), len(sources))
+        return [h[0].tokens for h in found]
+
+
+class CTranslate2Runner:
+    def __init__(self, job: dict) -> None:
+        import ctranslate2
+
+        self.translator = ctranslate2.Translator(
+            job["paths"]["ct2"],
+            device="cpu",
+            compute_type=job["spec"]["compute_type"],
+            intra_threads=job["threads"],
+            inter_threads=1,
+        )
+        vocab = json.loads((Path(job["paths"]["marian"]) / "vocab.json").read_text())
+        piece_of = {i: piece for piece, i in vocab.items()}
+        to_marian = job["maps"]["to_marian"]
+        self.pieces = [piece_of[to_marian[i]] for i in range(len(to_marian))]  # by our id
+        self.our_id = {piece: i for i, piece in enumerate(self.pieces)}
+
+    def translate(self, sources: list[list[int]], beam: int, limit: int) -> list[list[int]]:
+        results = self.translator.translate_batch(
+            [[self.pieces[i] for i in source] for source in sources],
+            beam_size=beam,
+            length_penalty=1.0,
+            max_decoding_length=limit,
+            min_decoding_length=0,  # ours may end at once too
+            # CTranslate2 stops a sentence once beam_size * patience hypotheses have finished;
+            # with its default (1) it stops earlier than Hugging Face's rule, which ours follows,
+            # and returns shorter translations on some lines (docs/interop.md has the count).
+            # With 2 it searches as far as ours: the parity section of `nmt bench` checks it.
+            patience=2.0,
+        )
+        return [[self.our_id[p] for p in r.hypotheses[0]] for r in results]
+
+
+class TransformersRunner:
+    def __init__(self, job: dict) -> None:
+        import torch
+        from transformers import MarianMTModel
+
+        torch.set_num_threads(job["threads"])
+        self.torch = torch
+        self.model = MarianMTModel.from_pretrained(job["paths"]["marian"]).eval()
+        self.to_marian = torch.tensor(job["maps"]["to_marian"])
+        self.from_marian = torch.argsort(self.to_marian)
+        self.pad = self.model.config.pad_token_id
+        self.eos = self.model.config.eos_token_id
+
+    def translate(self, sources: list[list[int]], beam: int, limit: int) -> list[list[int]]:
+        torch = self.torch
+        width = max(len(s) for s in sources)
+        ids = torch.full((len(sources), width), self.pad, dtype=torch.long)
+        for row, source in enumerate(sources):
+            ids[row, : len(source)] = self.to_marian[torch.tensor(source)]
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=(ids != self.pad).long(),
+                num_beams=beam,
+                max_new_tokens=limit,
+                do_sample=False,
+                length_penalty=1.0,
+                early_stopping=False,
+                forced_eos_token_id=None,  # MarianConfig's default would force </s> at the limit
+            )
+        found = []
+        for row in out[:, 1:].tolist():  # drop the decoder start token
+            tokens = row[: row.index(self.eos)] if self.eos in row else row
+            found.append([int(self.from_marian[t]) for t in tokens if t != self.pad])
+        return found
+
+
+RUNNERS: dict[str, Callable[[dict], Runner]] = {
+    "ours": OursRunner,
+    "ctranslate2": CTranslate2Runner,
+    "transformers": TransformersRunner,
+}
