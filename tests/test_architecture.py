@@ -78,6 +78,10 @@ SAMPLES: dict[type, errors.ServiceError] = {
     errors.UnknownPair: errors.UnknownPair("fr", "xx", ["fr-en"]),
     errors.InvalidInput: errors.InvalidInput(("body", "text", 0), "too long", "too_long"),
     errors.QueueFull: errors.QueueFull("fr-en", 10, 10, 3),
+    errors.RequestTooLarge: errors.RequestTooLarge(900, 512),
+    errors.MissingApiKey: errors.MissingApiKey(),
+    errors.InvalidApiKey: errors.InvalidApiKey(),
+    errors.Overloaded: errors.Overloaded(256, 1),
     errors.DeadlineExceeded: errors.DeadlineExceeded(2.0),
     errors.ClientGone: errors.ClientGone("gone"),
     errors.InternalError: errors.InternalError("a bug"),
@@ -121,5 +125,5 @@ def test_every_error_is_answered_with_its_own_status_in_each_dialect(client: Tes
 
     request = Request({"type": "http", "state": {"request_id": "req-7"}, "headers": []})
     libre = _as_libre_error(error, request)
-    assert libre.status == (400 if kind.status in (404, 413, 422) else kind.status)
+    assert libre.status == (400 if kind.status in (401, 404, 413, 422) else kind.status)
     assert libre.message

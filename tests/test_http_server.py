@@ -319,6 +319,34 @@ def test_sigterm_during_load_finishes_admitted_requests_and_exits_0(
         assert "every admitted request was answered" in server.log()
 
 
+def test_past_the_shutdown_timeout_admitted_requests_get_a_503_that_says_so(
+    model_dir: Path, logs: Path
+):
+    """A request far longer than the shutdown timeout (hundreds of sentences, beam 4, one
+    sentence per batch, on any CPU many seconds against 0.5 s) is answered 503 with the reason,
+    not cut off; the process still exits 0, and its last log line counts it."""
+    settings = {"shutdown_timeout_seconds": 0.5, "max_batch_size": 1, "threads": 1}
+    with running_server(model_dir, logs, **settings) as server:
+        texts = [" ".join(SENTENCES) for _ in range(16)]
+
+        async def scenario() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+                task = asyncio.ensure_future(
+                    client.post("/v1/translate", json=body(texts, beam_size=4))
+                )
+                await until_admitted(client, [task])
+                server.process.send_signal(signal.SIGTERM)
+                return await task
+
+        response = asyncio.run(scenario())
+        assert response.status_code == 503, response.text
+        assert "NMT_SHUTDOWN_TIMEOUT_SECONDS" in response.json()["detail"]
+        assert server.process.wait(60) == 0, server.log()
+        log = server.log()
+        assert "1 admitted requests were still running" in log, log
+        assert "every admitted request was answered" not in log
+
+
 def test_serve_exits_1_and_says_why_when_no_model_can_be_loaded(tmp_path: Path):
     env = {**os.environ, "NMT_MODEL_DIR": str(tmp_path / "empty"), "NMT_PORT": str(free_port())}
     (tmp_path / "empty").mkdir()

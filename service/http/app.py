@@ -21,6 +21,8 @@ from fastapi.responses import JSONResponse
 
 from service.http import libretranslate, routes
 from service.http.middleware import RequestContextMiddleware
+from service.http.pages import add_pages
+from service.serving.access import ApiKeys
 from service.serving.errors import InternalError, InvalidInput, ServiceError
 from service.serving.lifecycle import Lifecycle
 from service.serving.metrics import Metrics, package_version
@@ -36,7 +38,7 @@ def create_app(
 ) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
-    lifecycle = Lifecycle(on_failed=on_load_failed)
+    lifecycle = Lifecycle(on_failed=on_load_failed, grace=settings.shutdown_timeout_seconds)
     registry = ModelRegistry(settings, metrics)
     service = TranslationService(settings, registry, lifecycle)
 
@@ -50,7 +52,15 @@ def create_app(
         lifecycle.start_draining()
         await asyncio.to_thread(loader.join, settings.shutdown_timeout_seconds)
         await asyncio.to_thread(registry.close, settings.shutdown_timeout_seconds)
-        log.info("stopped: every admitted request was answered")
+        if lifecycle.abandoned:
+            log.warning(
+                "stopped: %d admitted requests were still running at "
+                "NMT_SHUTDOWN_TIMEOUT_SECONDS and were answered 503; every other one was "
+                "answered in full",
+                lifecycle.abandoned,
+            )
+        else:
+            log.info("stopped: every admitted request was answered in full")
 
     app = FastAPI(
         title="nmt-serve",
@@ -58,8 +68,12 @@ def create_app(
         description="Neural machine translation on ONNX Runtime, with dynamic batching. "
         "Native API under /v1; LibreTranslate-compatible POST /translate.",
         lifespan=lifespan,
+        docs_url=None,  # served by pages.py from local assets, not from a CDN
+        redoc_url=None,
     )
     app.state.settings, app.state.metrics, app.state.service = settings, metrics, service
+    app.state.api_keys = ApiKeys(settings.api_key_list)
+    add_pages(app, docs=settings.docs)
     app.include_router(routes.build_router(settings))
     app.include_router(libretranslate.build_router(settings))
     app.add_middleware(
@@ -68,6 +82,9 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         access_log_enabled=settings.access_log,
         plain_error_paths=libretranslate.PATHS,
+        max_in_flight=settings.max_requests_in_flight,
+        body_timeout=settings.body_timeout_seconds,
+        retry_after=settings.retry_after_seconds,
     )
     if settings.cors_origins:
         app.add_middleware(

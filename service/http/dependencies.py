@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from service.serving.access import ApiKeys, key_from_headers
 from service.serving.metrics import Metrics
 from service.serving.pipeline import TranslationService
 
@@ -19,6 +20,23 @@ def metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
+def api_keys(request: Request) -> ApiKeys:
+    return request.app.state.api_keys
+
+
+def require_api_key(request: Request) -> None:
+    """A route dependency: the request carries a valid key, or NMT_API_KEYS is empty."""
+    presented = key_from_headers(
+        request.headers.get("authorization"), request.headers.get("x-api-key")
+    )
+    api_keys(request).check(presented)
+
+
+def require_api_key_for_metrics(request: Request) -> None:
+    if request.app.state.settings.metrics_require_key:
+        require_api_key(request)
+
+
 async def client_disconnected(request: Request) -> None:
     """Returns when the client goes away. The body has been read by then, so the next ASGI
     message can only be the disconnect (or the end of the response, when it is cancelled)."""
@@ -29,3 +47,4 @@ async def client_disconnected(request: Request) -> None:
 # The annotations handlers declare, e.g. `async def models(service: ServiceDep)`.
 ServiceDep = Annotated[TranslationService, Depends(translation_service)]
 MetricsDep = Annotated[Metrics, Depends(metrics)]
+ApiKeysDep = Annotated[ApiKeys, Depends(api_keys)]

@@ -18,9 +18,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.http.dependencies import ServiceDep, client_disconnected
+from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected
 from service.runtime.search import SearchOptions
-from service.serving.errors import InternalError, InvalidInput, ServiceError, UnknownPair
+from service.serving.access import key_from_headers
+from service.serving.errors import (
+    InternalError,
+    InvalidApiKey,
+    InvalidInput,
+    MissingApiKey,
+    ServiceError,
+    UnknownPair,
+)
 from service.serving.pipeline import TranslationService
 from service.serving.settings import Settings
 
@@ -76,9 +84,17 @@ def build_router(settings: Settings) -> APIRouter:
             }
         },
     )
-    async def translate(request: Request, service: ServiceDep) -> JSONResponse:
+    async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
         try:
             fields = await _read_fields(request)
+            api_key = fields.get("api_key")
+            keys.check(
+                api_key
+                if isinstance(api_key, str) and api_key
+                else key_from_headers(
+                    request.headers.get("authorization"), request.headers.get("x-api-key")
+                )
+            )
             return await _translate(service, settings, request, fields)
         except LibreError as error:
             request.state.error = error.message
@@ -221,10 +237,9 @@ def _only_source_for(service: TranslationService, target: str) -> str:
 
 def _as_libre_error(error: ServiceError, request: Request) -> LibreError:
     """LibreTranslate's status and wording for a service error. Its clients expect 400 for
-    anything wrong with the request (an unknown language, a limit), so every 4xx but "retry
-    later" (429) and "client gone" (499) becomes 400; other statuses are the error's own."""
-    client_fault = 400 <= error.status < 500 and error.status not in (429, 499)
-    status = 400 if client_fault else error.status
+    anything wrong with the request (an unknown language, a limit, a missing key), so those
+    become 400; other statuses (403, 429, 503, ...) are the error's own."""
+    status = 400 if error.status in (401, 404, 413, 422) else error.status
     message = str(error)
     if isinstance(error, UnknownPair):
         supported = [pair.split("-", 1) for pair in error.supported]
@@ -239,6 +254,10 @@ def _as_libre_error(error: ServiceError, request: Request) -> LibreError:
             )
     elif isinstance(error, InvalidInput):
         message = f"Invalid request: {error.message}"
+    elif isinstance(error, MissingApiKey):
+        message = "Please contact the server operator to get an API key (send it as api_key)"
+    elif isinstance(error, InvalidApiKey):
+        message = "Invalid API key"
     elif status == 429:
         message = f"Slowdown: {error}"
     elif isinstance(error, InternalError):

@@ -1,5 +1,6 @@
-"""What every HTTP request goes through, around the routes: its request id, the body size limit,
-the request metrics and the JSON access log line.
+"""What every HTTP request goes through, around the routes: admission (a bound on requests in
+flight, decided before the body is read), its request id, the body size and time limits,
+security headers, the request metrics, the JSON access log line, and the catch-all for faults.
 
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware) so that the route still sees the
 client disconnect, which is how a request whose client went away gets its queued work dropped.
@@ -9,6 +10,7 @@ metrics read it from there when the answer is sent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -28,6 +30,13 @@ REQUEST_ID_HEADER = "x-request-id"
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 # Probes and scrapes hit these every few seconds; log them only when they fail.
 QUIET_ROUTES = {"/healthz", "/readyz", "/metrics"}
+# Answered whatever the load: cheap, and what tells an orchestrator the process is alive.
+NEVER_REFUSED = QUIET_ROUTES | {"/", "/docs", "/redoc", "/openapi.json"}
+SECURITY_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+]
 
 
 def request_id_from(scope: Scope) -> str:
@@ -48,10 +57,17 @@ class RequestContextMiddleware:
         max_body_bytes: int,
         access_log_enabled: bool = True,
         plain_error_paths: frozenset[str] = frozenset(),
+        max_in_flight: int = 256,
+        body_timeout: float = 10.0,
+        retry_after: int = 1,
     ) -> None:
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.max_in_flight = max_in_flight
+        self.body_timeout = body_timeout
+        self.retry_after = retry_after
+        self.in_flight = 0  # requests past admission, not yet answered (one event loop)
         self.access_log_enabled = access_log_enabled
         self.plain_error_paths = plain_error_paths  # LibreTranslate-style {"error": ...} bodies
 
@@ -72,14 +88,29 @@ class RequestContextMiddleware:
                 status, started_response = message["status"], True
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode("latin-1")))
+                headers.extend(SECURITY_HEADERS)
                 message = {**message, "headers": headers}
             await send(message)
 
+        admitted = scope.get("path") in NEVER_REFUSED or self.in_flight < self.max_in_flight
+        self.in_flight += admitted
         self.metrics.requests_in_progress.inc()
         try:
-            replay = await self._read_body(scope, receive)
-            if replay is None:
+            if not admitted:
+                state["error"] = "overloaded"
+                await self._overloaded(scope, send_with_id)
+            elif (replay := await self._read_body(scope, receive)) is None:
                 await self._too_large(scope, send_with_id)
+            elif replay == "timeout":
+                state["error"] = "body timeout"
+                await self._send_error(
+                    scope,
+                    send_with_id,
+                    408,
+                    f"the body did not arrive within {self.body_timeout:g} s "
+                    "(NMT_BODY_TIMEOUT_SECONDS)",
+                    close=True,
+                )
             else:
                 await self.app(scope, replay, send_with_id)
         except Exception:
@@ -93,6 +124,7 @@ class RequestContextMiddleware:
             state["error"] = "internal server error"
             await self._internal_error(scope, request_id, send_with_id)
         finally:
+            self.in_flight -= admitted
             self.metrics.requests_in_progress.dec()
             seconds = time.perf_counter() - started
             route = scope["route"].path if "route" in scope else "unmatched"
@@ -101,16 +133,20 @@ class RequestContextMiddleware:
             if self.access_log_enabled and (status != 200 or route not in QUIET_ROUTES):
                 self._log(scope, state, route, status, seconds)
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> Receive | None:
-        """Read the whole body up front, refusing it past the limit (None), and give the app a
-        `receive` that replays it and then passes through (to report the disconnect)."""
+    async def _read_body(self, scope: Scope, receive: Receive) -> Receive | str | None:
+        """Read the whole body up front, refusing it past the limit (None) or when the client
+        pauses longer than the body timeout ("timeout"), and give the app a `receive` that
+        replays it and then passes through (to report the disconnect)."""
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
                 return None
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.body_timeout)
+            except TimeoutError:
+                return "timeout"
             if message["type"] != "http.request":  # disconnected while sending
                 chunks_done: list[Message] = [message]
                 break
@@ -136,18 +172,34 @@ class RequestContextMiddleware:
         # The rest of the body is unread: the connection cannot carry another request.
         await self._send_error(scope, send, 413, message, close=True)
 
+    async def _overloaded(self, scope: Scope, send: Send) -> None:
+        message = (
+            f"the server is handling {self.max_in_flight} requests (NMT_MAX_REQUESTS_IN_FLIGHT): "
+            "retry later"
+        )
+        retry = [(b"retry-after", str(self.retry_after).encode())]
+        # The body was never read, so the connection cannot carry another request.
+        await self._send_error(scope, send, 429, message, close=True, headers=retry)
+
     async def _internal_error(self, scope: Scope, request_id: str, send: Send) -> None:
         message = f"internal server error (request id {request_id}); it is logged"
         await self._send_error(scope, send, 500, message, close=False)
 
     async def _send_error(
-        self, scope: Scope, send: Send, status: int, message: str, close: bool
+        self,
+        scope: Scope,
+        send: Send,
+        status: int,
+        message: str,
+        close: bool,
+        headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         key = "error" if scope.get("path") in self.plain_error_paths else "detail"
         body = json.dumps({key: message}).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
+            *(headers or []),
         ]
         if close:
             headers.append((b"connection", b"close"))

@@ -5,12 +5,16 @@ No `from __future__ import annotations` here: FastAPI must see the request model
 in the route's signature, and that class is made at runtime from the settings.
 """
 
-from pathlib import Path
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import HTMLResponse, JSONResponse
-
-from service.http.dependencies import MetricsDep, ServiceDep, client_disconnected
+from service.http.dependencies import (
+    MetricsDep,
+    ServiceDep,
+    client_disconnected,
+    require_api_key,
+    require_api_key_for_metrics,
+)
 from service.http.schemas import (
     ModelInfo,
     ModelsResponse,
@@ -20,16 +24,28 @@ from service.http.schemas import (
 )
 from service.serving.settings import Settings
 
-PAGE = Path(__file__).parent / "static" / "index.html"
-
 ERROR_RESPONSES: dict[int | str, dict] = {
+    400: {"model": Problem, "description": "a body that is not valid JSON (or not UTF-8)"},
+    401: {"model": Problem, "description": "no API key (only when NMT_API_KEYS is set)"},
+    403: {"model": Problem, "description": "an API key that is not valid"},
     404: {"model": Problem, "description": "no model for this language pair (lists them)"},
-    413: {"model": Problem, "description": "body larger than NMT_MAX_BODY_BYTES"},
+    408: {"model": Problem, "description": "the body did not arrive in NMT_BODY_TIMEOUT_SECONDS"},
+    413: {
+        "model": Problem,
+        "description": "body larger than NMT_MAX_BODY_BYTES, or more sentences than "
+        "NMT_MAX_SENTENCES_PER_REQUEST",
+    },
     422: {"description": "invalid input: the message names the field and the limit"},
-    429: {"model": Problem, "description": "queue full: retry after Retry-After seconds"},
+    429: {
+        "model": Problem,
+        "description": "queue full, or too many requests in flight: retry after Retry-After "
+        "seconds",
+    },
+    500: {"model": Problem, "description": "a server fault; the message names the request id"},
     503: {"model": Problem, "description": "models loading, or shutting down"},
     504: {"model": Problem, "description": "not done within NMT_REQUEST_TIMEOUT_SECONDS"},
 }
+KEYED = [Depends(require_api_key)]
 
 
 def build_router(settings: Settings) -> APIRouter:
@@ -41,6 +57,7 @@ def build_router(settings: Settings) -> APIRouter:
         response_model=TranslateResponse,
         response_model_exclude_none=True,
         responses=ERROR_RESPONSES,
+        dependencies=KEYED,
         tags=["translate"],
         summary="Translate one text or a list of texts",
     )
@@ -60,7 +77,13 @@ def build_router(settings: Settings) -> APIRouter:
         request.state.output_tokens = result.output_tokens
         return TranslateResponse.from_result(result, body)
 
-    @router.get("/v1/models", response_model=ModelsResponse, tags=["models"])
+    @router.get(
+        "/v1/models",
+        response_model=ModelsResponse,
+        dependencies=KEYED,
+        responses={code: ERROR_RESPONSES[code] for code in (401, 403)},
+        tags=["models"],
+    )
     async def models(service: ServiceDep) -> ModelsResponse:
         return ModelsResponse(models=[ModelInfo(**m.describe()) for m in service.registry.models])
 
@@ -79,12 +102,19 @@ def build_router(settings: Settings) -> APIRouter:
             return JSONResponse({"status": lifecycle.phase, "detail": lifecycle.reason}, 503)
         return JSONResponse({"status": "ready", "models": service.registry.pairs})
 
-    @router.get("/metrics", tags=["health"], summary="Prometheus metrics")
+    @router.get(
+        "/metrics",
+        tags=["health"],
+        summary="Prometheus metrics (text exposition format)",
+        response_class=PlainTextResponse,
+        dependencies=[Depends(require_api_key_for_metrics)],
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+            401: ERROR_RESPONSES[401],
+            403: ERROR_RESPONSES[403],
+        },
+    )
     async def metrics(metrics: MetricsDep) -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
-
-    @router.get("/", include_in_schema=False)
-    async def page() -> HTMLResponse:
-        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
     return router

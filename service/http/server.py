@@ -22,6 +22,8 @@ from service.serving.settings import Settings
 
 log = logging.getLogger("nmt.server")
 
+SHUTDOWN_MARGIN_SECONDS = 5.0
+
 
 class _Server(uvicorn.Server):
     """uvicorn's server, telling the app to drain as soon as the signal arrives (uvicorn
@@ -56,7 +58,12 @@ def serve(settings: Settings | None = None) -> int:
         port=settings.port,
         log_config=None,  # keep our JSON logging
         access_log=False,  # our middleware writes the access log
-        timeout_graceful_shutdown=settings.shutdown_timeout_seconds,
+        # The app answers what is still running at NMT_SHUTDOWN_TIMEOUT_SECONDS with a 503
+        # itself (Lifecycle); uvicorn's own limit, which cuts requests off with no answer,
+        # comes a little later, as a last resort.
+        timeout_graceful_shutdown=settings.shutdown_timeout_seconds + SHUTDOWN_MARGIN_SECONDS,
+        limit_concurrency=settings.max_connections,
+        timeout_keep_alive=settings.keep_alive_seconds,
         lifespan="on",
     )
     server = _Server(config, on_signal=app.state.service.lifecycle.start_draining)

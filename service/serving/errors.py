@@ -66,6 +66,37 @@ class InvalidInput(ServiceError):
         super().__init__(message)
 
 
+class RequestTooLarge(ServiceError):
+    """More work in one request than one request may hold (sentences after splitting)."""
+
+    status = 413
+
+    def __init__(self, sentences: int, limit: int) -> None:
+        super().__init__(
+            f"the request has {sentences} sentences; the limit is {limit} sentences per request "
+            "(NMT_MAX_SENTENCES_PER_REQUEST): send them in several requests"
+        )
+
+
+class MissingApiKey(ServiceError):
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__(
+            "an API key is required: send `Authorization: Bearer KEY` (or `X-API-Key: KEY`)"
+        )
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class InvalidApiKey(ServiceError):
+    status = 403
+
+    def __init__(self) -> None:
+        super().__init__("the API key is not valid")
+
+
 class QueueFull(ServiceError):
     status = 429
 
@@ -74,6 +105,22 @@ class QueueFull(ServiceError):
         super().__init__(
             f"model {model} has {queued} sentences waiting (limit {limit}, "
             "NMT_MAX_QUEUE_SENTENCES): retry later"
+        )
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class Overloaded(ServiceError):
+    """Too many requests in flight at once (NMT_MAX_REQUESTS_IN_FLIGHT): refused before any
+    work, so that the answer is cheap when the server is busiest."""
+
+    status = 429
+
+    def __init__(self, limit: int, retry_after: int) -> None:
+        self.retry_after = retry_after
+        super().__init__(
+            f"the server is handling {limit} requests (NMT_MAX_REQUESTS_IN_FLIGHT): retry later"
         )
 
     def headers(self) -> dict[str, str]:

@@ -3,10 +3,15 @@
 starting -> ready -> draining, or starting -> failed. Alive (healthz) unless failed; ready
 (readyz) only when every model is loaded and warmed up and no SIGTERM has come. A load balancer
 stops sending traffic on a 503 from /readyz, which is what draining wants.
+
+Draining lasts `grace` seconds (NMT_SHUTDOWN_TIMEOUT_SECONDS): then `grace_over` is set, and
+requests still waiting give up with a 503 that says so (counted in `abandoned`), rather than
+being cut off by the server with no answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Literal
 
@@ -16,9 +21,12 @@ Phase = Literal["starting", "ready", "draining", "failed"]
 
 
 class Lifecycle:
-    def __init__(self, on_failed: Callable[[str], None] | None = None) -> None:
+    def __init__(self, on_failed: Callable[[str], None] | None = None, grace: float = 30.0) -> None:
         self.phase: Phase = "starting"
         self.reason = "loading models"
+        self.grace = grace
+        self.grace_over = asyncio.Event()  # bound to the serving loop on first use
+        self.abandoned = 0  # admitted requests answered 503 when the grace ran out
         self._on_failed = on_failed
 
     def mark_ready(self) -> None:
@@ -31,8 +39,16 @@ class Lifecycle:
             self._on_failed(reason)
 
     def start_draining(self) -> None:
-        if self.phase != "failed":
-            self.phase, self.reason = "draining", "shutting down: finishing admitted requests"
+        """Called on the event loop's thread (from the signal handler or the lifespan)."""
+        if self.phase in ("failed", "draining"):
+            return
+        self.phase, self.reason = "draining", "shutting down: finishing admitted requests"
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a test, or the loop already gone): nothing waits
+            return
+        # call_soon_threadsafe: safe from a signal handler, which may interrupt the loop.
+        loop.call_soon_threadsafe(loop.call_later, self.grace, self.grace_over.set)
 
     @property
     def alive(self) -> bool:

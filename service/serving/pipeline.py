@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 
 from service.runtime.search import Hypothesis, SearchOptions
 from service.runtime.tokenizer import BundleTokenizer
-from service.serving.errors import ClientGone, DeadlineExceeded, InvalidInput, TranslationFailed
+from service.serving.errors import (
+    ClientGone,
+    DeadlineExceeded,
+    InvalidInput,
+    RequestTooLarge,
+    ShuttingDown,
+    TranslationFailed,
+)
 from service.serving.input_text import clean_text, has_letters
 from service.serving.lifecycle import Lifecycle
 from service.serving.registry import LoadedModel, ModelRegistry
@@ -86,10 +93,11 @@ class TranslationService:
     ) -> RequestResult:
         timeout = self.settings.request_timeout_seconds
         deadline = time.monotonic() + timeout
+        limit = self.settings.max_sentences_per_request
         if sum(len(text) for text in texts) > PREPARE_INLINE_CHARS:  # keep the loop responsive
-            prepared = await asyncio.to_thread(_prepare, model, texts)
+            prepared = await asyncio.to_thread(_prepare, model, texts, limit)
         else:
-            prepared = _prepare(model, texts)
+            prepared = _prepare(model, texts, limit)
         hypotheses = await self._run(
             model, prepared.sources, prepared.owners, options, deadline, client_gone
         )
@@ -109,16 +117,20 @@ class TranslationService:
         scheduler = model.scheduler
         job = scheduler.submit(sources, options, deadline)
         watcher = asyncio.ensure_future(client_gone()) if client_gone is not None else None
+        grace_over = asyncio.ensure_future(self.lifecycle.grace_over.wait())
         try:
-            waiting: set[asyncio.Future] = {job.future} | ({watcher} if watcher else set())
+            waiting: set[asyncio.Future] = {job.future, grace_over}
+            if watcher is not None:
+                waiting.add(watcher)
             timeout = max(0.0, deadline - time.monotonic())
             done, _ = await asyncio.wait(
                 waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
-        except asyncio.CancelledError:  # the server gave up on this request (forced shutdown)
+        except asyncio.CancelledError:  # the server cut this request off (past its own limit)
             scheduler.cancel(job, "cancelled")
             raise
         finally:
+            grace_over.cancel()
             if watcher is not None:
                 watcher.cancel()
         if job.future in done:
@@ -131,6 +143,13 @@ class TranslationService:
         if watcher is not None and watcher in done:
             scheduler.cancel(job, "client_gone")
             raise ClientGone("the client disconnected")
+        if grace_over in done:
+            scheduler.cancel(job, "shutdown")
+            self.lifecycle.abandoned += 1
+            raise ShuttingDown(
+                "the server is shutting down and this request did not finish within "
+                f"{self.lifecycle.grace:g} s (NMT_SHUTDOWN_TIMEOUT_SECONDS): send it again"
+            )
         scheduler.cancel(job, "deadline")
         raise DeadlineExceeded(self.settings.request_timeout_seconds)
 
@@ -150,8 +169,10 @@ class _Prepared:
     slots: list[list[int | None]]
 
 
-def _prepare(model: LoadedModel, texts: list[str]) -> _Prepared:
+def _prepare(model: LoadedModel, texts: list[str], max_sentences: int) -> _Prepared:
     splits = [split_sentences(clean_text(text, index)) for index, text in enumerate(texts)]
+    if (count := sum(len(split.sentences) for split in splits)) > max_sentences:
+        raise RequestTooLarge(count, max_sentences)  # before any tokenizing
     sentences: list[str] = []
     owners: list[int] = []
     slots: list[list[int | None]] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,9 +43,41 @@ class Settings(BaseSettings):
         description="comma-separated origins allowed to call the API from a browser "
         '(CORS), "*" for any; empty: same origin only',
     )
+    max_requests_in_flight: int = Field(
+        256,
+        gt=0,
+        description="requests being handled at once (health and metrics aside); past it, 429 "
+        "at once, before the body is read",
+    )
+    max_connections: int = Field(
+        1024, gt=0, description="open connections; past it, new ones get 503 (uvicorn's limit)"
+    )
+    body_timeout_seconds: float = Field(
+        10.0, gt=0, description="longest pause while a client sends its body; past it, 408"
+    )
+    keep_alive_seconds: float = Field(
+        5.0, gt=0, description="how long an idle keep-alive connection is kept open"
+    )
+
+    # Access
+    api_keys: SecretStr = Field(
+        SecretStr(""),
+        description="comma-separated API keys; when set, translation routes need one "
+        "(`Authorization: Bearer KEY`, `X-API-Key`, or LibreTranslate's `api_key`); empty: open",
+    )
+    metrics_require_key: bool = Field(
+        False, description="/metrics needs an API key too (when NMT_API_KEYS is set)"
+    )
+    docs: bool = Field(True, description="serve the OpenAPI page at /docs (assets served locally)")
 
     # Request limits (422 past them)
     max_texts_per_request: int = Field(64, gt=0, description="texts in one request")
+    max_sentences_per_request: int = Field(
+        512,
+        gt=0,
+        description="sentences in one request after splitting; past it, 413 (one request may "
+        "not hold the model for long)",
+    )
     max_chars_per_text: int = Field(5000, gt=0, description="characters in one text")
     max_tokens_per_sentence: int = Field(
         256,
@@ -94,6 +126,10 @@ class Settings(BaseSettings):
                 f"NMT_MAX_BEAM_SIZE={self.max_beam_size}"
             )
         return self
+
+    @property
+    def api_key_list(self) -> list[str]:
+        return [key.strip() for key in self.api_keys.get_secret_value().split(",") if key.strip()]
 
     @property
     def max_batch_wait_seconds(self) -> float:
