@@ -43,7 +43,8 @@ def answer(source: list[int]) -> list[Hypothesis]:
 
 class FakeRunner:
     """Translates by `answer`, records every batch, fails a batch holding POISON, and can hold
-    the worker inside a batch until the test opens its gate."""
+    the worker inside a batch until the test opens its gate. After the gate it asks
+    `abandoned()` once, as the engine does between steps, and gives [] for those sources."""
 
     def __init__(self) -> None:
         self.batches: list[tuple[list[list[int]], SearchOptions]] = []
@@ -51,13 +52,16 @@ class FakeRunner:
         self.gate = threading.Event()
         self.gate.set()
 
-    def __call__(self, sources: list[list[int]], options: SearchOptions) -> list[list[Hypothesis]]:
+    def __call__(
+        self, sources: list[list[int]], options: SearchOptions, abandoned: Callable[[], list]
+    ) -> list[list[Hypothesis]]:
         self.batches.append((sources, options))
         self.entered.release()
         assert self.gate.wait(30), "the test never opened the gate"
         if any(POISON in source for source in sources):
             raise RuntimeError("the engine failed on this input")
-        return [answer(source) for source in sources]
+        gone = abandoned()
+        return [[] if gone[i] else answer(source) for i, source in enumerate(sources)]
 
     @property
     def sizes(self) -> list[int]:
@@ -295,3 +299,39 @@ def test_an_empty_job_is_answered_at_once_without_the_worker(make_scheduler):
 
     assert asyncio.run(main()) == []
     assert runner.batches == []
+
+
+def test_rows_of_a_cancelled_job_leave_the_running_batch(make_scheduler):
+    scheduler, runner, metrics = make_scheduler(max_sentences=3, max_wait=60.0)
+    runner.gate.clear()
+
+    async def main() -> list:
+        kept = scheduler.submit([sentence(1)], GREEDY, FAR)
+        gone = scheduler.submit([sentence(2), sentence(3)], GREEDY, FAR)
+        assert await asyncio.to_thread(runner.entered.acquire, True, 30)
+        scheduler.cancel(gone, "client_gone")  # while its sentences are being decoded
+        runner.gate.set()
+        return await kept.future
+
+    assert asyncio.run(main()) == [answer(sentence(1))]
+    assert runner.sizes == [3]
+    dropped = {"model": "fr-en", "reason": "abandoned_in_batch"}
+    assert metrics.registry.get_sample_value("nmt_dropped_sentences_total", dropped) == 2
+
+
+def test_a_deadline_that_passes_during_the_batch_stops_its_rows_and_answers_504(make_scheduler):
+    clock = FakeClock()
+    scheduler, runner, _ = make_scheduler(clock=clock, max_sentences=2, max_wait=60.0)
+    runner.gate.clear()
+
+    async def main() -> tuple:
+        late = scheduler.submit([sentence(1)], GREEDY, clock.now + 1.0)
+        on_time = scheduler.submit([sentence(2)], GREEDY, FAR)
+        assert await asyncio.to_thread(runner.entered.acquire, True, 30)
+        clock.now += 2.0
+        runner.gate.set()
+        return await asyncio.gather(late.future, on_time.future, return_exceptions=True)
+
+    late, on_time = asyncio.run(main())
+    assert isinstance(late, DeadlineExceeded)
+    assert on_time == [answer(sentence(2))]

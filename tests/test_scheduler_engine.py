@@ -27,9 +27,9 @@ def translator(fr_en_bundle: Path) -> Translator:
 
 
 def run_batch(translator: Translator, batches: list[int]):
-    def run(sources: list[list[int]], options: SearchOptions):
+    def run(sources: list[list[int]], options: SearchOptions, abandoned):
         batches.append(len(sources))
-        return translator.translate_ids(sources, options, batch_size=len(sources))
+        return translator.translate_ids(sources, options, len(sources), abandoned)
 
     return run
 
@@ -92,3 +92,39 @@ def test_an_input_the_engine_fails_on_fails_only_its_own_job(translator: Transla
     assert [r[0].tokens for r in last] == [e[0].tokens for e in alone(translator, good[2:3], FAST)]
     assert isinstance(culprit, SentenceFailed) and culprit.index == 1
     assert batches[0] == 4  # they really were in one batch
+
+
+class StepSpy:
+    """The engine's step, counting the rows fed at each call."""
+
+    def __init__(self, translator: Translator) -> None:
+        self.rows: list[int] = []
+        self.step = translator.engine.step
+
+    def __call__(self, state, tokens, *args, **kwargs):
+        self.rows.append(len(tokens))
+        return self.step(state, tokens, *args, **kwargs)
+
+
+@pytest.mark.parametrize("options", [FAST, BEAM], ids=["greedy", "beam"])
+def test_an_abandoned_sentence_leaves_the_batch_and_the_others_are_unchanged(
+    translator: Translator, options: SearchOptions, monkeypatch: pytest.MonkeyPatch
+):
+    """Sentence 1 is abandoned after the third step: from then on it costs no row, it gets
+    no hypothesis, and the others get exactly what they get alone."""
+    sources = translator.tokenizer.encode(FRENCH_SENTENCES[:4])
+    spy = StepSpy(translator)
+    monkeypatch.setattr(translator.engine, "step", spy)
+
+    def abandoned() -> list[bool]:
+        return [False, len(spy.rows) >= 3, False, False]
+
+    found = translator.translate_ids(sources, options, 4, abandoned)
+    rows_with_one_abandoned = sum(spy.rows)
+    assert found[1] == []
+    for index in (0, 2, 3):
+        expected = alone(translator, [sources[index]], options)[0]
+        assert [h.tokens for h in found[index]] == [h.tokens for h in expected]
+    spy.rows.clear()
+    assert all(translator.translate_ids(sources, options, 4))
+    assert rows_with_one_abandoned < sum(spy.rows)

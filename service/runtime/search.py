@@ -10,12 +10,15 @@ written once in nmt_contract:
 
 Unlike the reference, rows stop costing compute when they are done: finished greedy rows and
 finished beam sentences leave the batch (and their caches) at once, and source padding that no
-remaining row needs is cut from the cross-attention keys/values.
+remaining row needs is cut from the cross-attention keys/values. So do the sentences nobody
+waits for any more (their request timed out or its client left): the caller's `abandoned`
+callback names them between steps, and they come back with no hypothesis.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +26,11 @@ import numpy as np
 from nmt_contract import Hypothesis, length_limit
 from service.runtime.engine import Engine
 
+# Which sources of the batch (by position) nobody waits for any more; asked between steps.
+Abandoned = Callable[[], "np.ndarray | list[bool]"]
+
 __all__ = [
+    "Abandoned",
     "BeamSearch",
     "GreedySearch",
     "Hypothesis",
@@ -60,10 +67,14 @@ class SearchStrategy(ABC):
 
     @abstractmethod
     def search(
-        self, engine: Engine, sources: list[list[int]], options: SearchOptions
+        self,
+        engine: Engine,
+        sources: list[list[int]],
+        options: SearchOptions,
+        abandoned: Abandoned | None = None,
     ) -> list[list[Hypothesis]]:
         """Source id lists (each ending in </s>, at least one) -> the n-best hypotheses of
-        each, best first, in the order of `sources`."""
+        each, best first, in the order of `sources` ([] for a source abandoned midway)."""
 
 
 def strategy_for(options: SearchOptions) -> SearchStrategy:
@@ -71,33 +82,56 @@ def strategy_for(options: SearchOptions) -> SearchStrategy:
 
 
 def search(
-    engine: Engine, sources: list[list[int]], options: SearchOptions
+    engine: Engine,
+    sources: list[list[int]],
+    options: SearchOptions,
+    abandoned: Abandoned | None = None,
 ) -> list[list[Hypothesis]]:
     """Source id lists (each ending in </s>) -> options.n_best hypotheses each, in order."""
     if not sources:
         return []
-    return strategy_for(options).search(engine, sources, options)
+    return strategy_for(options).search(engine, sources, options, abandoned)
 
 
 class GreedySearch(SearchStrategy):
     """Each row takes its single most likely next token; a row leaves when it ends."""
 
     def search(
-        self, engine: Engine, sources: list[list[int]], options: SearchOptions
+        self,
+        engine: Engine,
+        sources: list[list[int]],
+        options: SearchOptions,
+        abandoned: Abandoned | None = None,
     ) -> list[list[Hypothesis]]:
-        return [[h] for h in _greedy(engine, sources, options)]
+        return [[h] if h else [] for h in _greedy(engine, sources, options, abandoned)]
 
 
 class BeamSearch(SearchStrategy):
     """K open hypotheses (beams) per sentence; see `_beam` for the stopping rule."""
 
     def search(
-        self, engine: Engine, sources: list[list[int]], options: SearchOptions
+        self,
+        engine: Engine,
+        sources: list[list[int]],
+        options: SearchOptions,
+        abandoned: Abandoned | None = None,
     ) -> list[list[Hypothesis]]:
-        return _beam(engine, sources, options)
+        return _beam(engine, sources, options, abandoned)
 
 
-def _greedy(engine: Engine, sources: list[list[int]], options: SearchOptions) -> list[Hypothesis]:
+def _abandoned_now(abandoned: Abandoned | None, count: int) -> np.ndarray:
+    """[sources] bool: True for the sources nobody waits for any more."""
+    if abandoned is None:
+        return np.zeros(count, dtype=bool)
+    return np.asarray(abandoned(), dtype=bool)
+
+
+def _greedy(
+    engine: Engine,
+    sources: list[list[int]],
+    options: SearchOptions,
+    abandoned: Abandoned | None = None,
+) -> list[Hypothesis | None]:
     source_ids, source_mask = pad_sources(sources, engine.pad_id)
     state = engine.start(source_ids, source_mask)
     count, source_width = source_ids.shape
@@ -112,6 +146,7 @@ def _greedy(engine: Engine, sources: list[list[int]], options: SearchOptions) ->
     produced = np.zeros(count, dtype=np.int64)  # tokens produced, </s> included
     alignments = np.zeros((count, steps, source_width), np.float32) if options.alignment else None
     feed = np.full(count, engine.start_id, dtype=np.int64)
+    dropped = np.zeros(count, dtype=bool)  # abandoned before they ended
 
     for step in range(steps):
         result = engine.step(state, feed, top_k=1, want_alignment=options.alignment)
@@ -122,6 +157,9 @@ def _greedy(engine: Engine, sources: list[list[int]], options: SearchOptions) ->
         if alignments is not None:  # [rows, S'] (S' <= S once padding is cut)
             alignments[sentence_of_row, step, : result.alignment.shape[1]] = result.alignment
         ended = (best == engine.eos_id) | (step + 1 >= limits[sentence_of_row])
+        dropped_rows = _abandoned_now(abandoned, count)[sentence_of_row]
+        dropped[sentence_of_row[dropped_rows]] = True
+        ended |= dropped_rows
         if ended.any():
             keep = np.flatnonzero(~ended)
             if keep.size == 0:
@@ -131,8 +169,11 @@ def _greedy(engine: Engine, sources: list[list[int]], options: SearchOptions) ->
             sentence_of_row, best = sentence_of_row[keep], best[keep]
         feed = best
 
-    hypotheses = []
+    hypotheses: list[Hypothesis | None] = []
     for i in range(count):
+        if dropped[i]:
+            hypotheses.append(None)
+            continue
         tokens = output[i, : produced[i]].tolist()
         if tokens[-1] == engine.eos_id:
             tokens.pop()
@@ -151,7 +192,10 @@ def _top_candidates(candidates: np.ndarray, count: int) -> tuple[np.ndarray, np.
 
 
 def _beam(
-    engine: Engine, sources: list[list[int]], options: SearchOptions
+    engine: Engine,
+    sources: list[list[int]],
+    options: SearchOptions,
+    abandoned: Abandoned | None = None,
 ) -> list[list[Hypothesis]]:
     """Each step ranks the 2K best continuations of a sentence's K open beams. A candidate
     ending in </s> among the first K is finished; the best K others stay open. A sentence is
@@ -228,6 +272,10 @@ def _beam(
         complete = np.isfinite(kth_best[alive])
         cannot_improve = next_scores.max(axis=1) / length**penalty <= kth_best[alive]
         done = at_limit | (complete & cannot_improve)
+        gone = _abandoned_now(abandoned, count)[alive]
+        for sentence in alive[gone]:  # no hypothesis for them, not even finished ones
+            finished[sentence] = []
+        done |= gone
         if done.all():
             break
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from service.runtime.bundle import Bundle
 from service.runtime.engine import Engine, EngineOptions
-from service.runtime.search import Hypothesis, SearchOptions, search
+from service.runtime.search import Abandoned, Hypothesis, SearchOptions, search
 from service.runtime.tokenizer import BundleTokenizer
 
 
@@ -26,16 +26,27 @@ class Translator:
         self.tokenizer = BundleTokenizer(bundle)
 
     def translate_ids(
-        self, sources: list[list[int]], options: SearchOptions, batch_size: int = 32
+        self,
+        sources: list[list[int]],
+        options: SearchOptions,
+        batch_size: int = 32,
+        abandoned: Abandoned | None = None,
     ) -> list[list[Hypothesis]]:
-        """Sorted by length into batches of at most batch_size (less padding), then reordered."""
+        """Sorted by length into batches of at most batch_size (less padding), then reordered.
+        `abandoned` (by position in `sources`) lets sentences nobody waits for leave early."""
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         results: list[list[Hypothesis]] = [[] for _ in sources]
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            for index, hypotheses in zip(
-                chunk, search(self.engine, [sources[i] for i in chunk], options), strict=True
-            ):
+            chunk_abandoned = None
+            if abandoned is not None:
+
+                def chunk_abandoned(chunk: list[int] = chunk) -> list[bool]:
+                    flags = abandoned()
+                    return [bool(flags[i]) for i in chunk]
+
+            found = search(self.engine, [sources[i] for i in chunk], options, chunk_abandoned)
+            for index, hypotheses in zip(chunk, found, strict=True):
                 results[index] = hypotheses
         return results
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from service.runtime.bundle import Bundle, BundleError, load_bundle
 from service.runtime.engine import EngineOptions
-from service.runtime.search import Hypothesis, SearchOptions
+from service.runtime.search import Abandoned, Hypothesis, SearchOptions
 from service.runtime.translator import Translator
 from service.serving.errors import UnknownPair
 from service.serving.metrics import Metrics
@@ -126,8 +126,10 @@ class ModelRegistry:
         if settings.warmup:
             _warm_up(translator, settings.default_beam_size)
 
-        def run_batch(sources: list[list[int]], options: SearchOptions) -> list[list[Hypothesis]]:
-            return translator.translate_ids(sources, options, batch_size=len(sources))
+        def run_batch(
+            sources: list[list[int]], options: SearchOptions, abandoned: Abandoned
+        ) -> list[list[Hypothesis]]:
+            return translator.translate_ids(sources, options, len(sources), abandoned)
 
         limits = BatchLimits(
             max_sentences=settings.max_batch_size,

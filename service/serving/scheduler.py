@@ -39,7 +39,11 @@ from service.serving.errors import DeadlineExceeded, QueueFull, ShuttingDown
 
 log = logging.getLogger("nmt.scheduler")
 
-BatchRunner = Callable[[list[list[int]], SearchOptions], list[list[Hypothesis]]]
+# (sources, options, abandoned) -> hypotheses per source; [] for a source `abandoned()` named
+# (by position) while its batch ran. See service.runtime.search.Abandoned.
+BatchRunner = Callable[
+    [list[list[int]], SearchOptions, Callable[[], list[bool]]], list[list[Hypothesis]]
+]
 
 
 class BatchObserver(Protocol):
@@ -309,22 +313,37 @@ class BatchScheduler:
     def _translate(self, batch: list[QueuedSentence], options: SearchOptions) -> None:
         started = self.clock()
         sources = [item.job.sources[item.index] for item in batch]
-        results = self._run_batch(sources, options)
+
+        def abandoned() -> list[bool]:
+            """Between decoder steps: rows of requests that were cancelled (client gone, or
+            their deadline came and the pipeline gave up) or are past their deadline leave
+            the running batch instead of being decoded to the end for nobody."""
+            now = self.clock()
+            return [item.job.closed or item.job.deadline <= now for item in batch]
+
+        results = self._run_batch(sources, options, abandoned)
         seconds = self.clock() - started
+        stopped = sum(not hypotheses for hypotheses in results)
         if self._observer:
             self._observer.observe_batch(
                 self.model,
                 waits=[started - item.enqueued for item in batch],
                 input_tokens=sum(len(s) for s in sources),
-                output_tokens=sum(len(r[0].tokens) for r in results),
-                steps=max(len(h.tokens) + 1 for r in results for h in r),
+                output_tokens=sum(len(r[0].tokens) for r in results if r),
+                steps=max((len(h.tokens) + 1 for r in results for h in r), default=0),
                 seconds=seconds,
             )
+        self._report_dropped("abandoned_in_batch", stopped)
         finished: list[Job] = []
+        expired: list[Job] = []
         with self._lock:
             for item, hypotheses in zip(batch, results, strict=True):
                 job = item.job
                 if job.closed:
+                    continue
+                if not hypotheses:  # stopped midway: its deadline passed during the batch
+                    self._close_job(job)
+                    expired.append(job)
                     continue
                 job.results[item.index] = hypotheses
                 job.remaining -= 1
@@ -333,6 +352,8 @@ class BatchScheduler:
                     finished.append(job)
         for job in finished:
             job.settle(job.results)  # type: ignore[arg-type]  # every slot is filled now
+        for job in expired:
+            job.settle(DeadlineExceeded(job.timeout))
 
     def _fail(self, item: QueuedSentence, error: Exception) -> None:
         log.warning("engine failed on one sentence (%d tokens): %s", item.tokens, error)
