@@ -61,7 +61,10 @@ def _translate_lines(args: argparse.Namespace, sentences: list[str]) -> list[str
             EngineOptions(int8=args.int8, intra_op_threads=args.threads),
         )
         options = SearchOptions(
-            beam_size=args.beam_size, length_penalty=args.length_penalty, max_length=args.max_length
+            beam_size=args.beam_size,
+            length_penalty=args.length_penalty,
+            max_length=args.max_length,
+            max_repeats=args.max_repeats,
         )
         return [t.text for t in translator.translate(sentences, options, args.batch_size)]
     if args.int8:
@@ -89,6 +92,14 @@ def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--length-penalty", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument(
+        "--max-repeats",
+        type=int,
+        default=0,
+        help="stop a translation before it repeats an n-gram more than this many times in a "
+        "row (ONNX engine only; 0 = off, as in the torch reference; the server's default is "
+        "NMT_MAX_REPEATS)",
+    )
     parser.add_argument("--int8", action="store_true", help="int8 graphs (with --model-dir)")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all)")
 

@@ -51,6 +51,29 @@ class LibreError(Exception):
         return JSONResponse({"error": self.message}, self.status, headers=self.headers)
 
 
+# LibreTranslate's statuses, each with an {"error": "..."} body.
+LIBRE_ERRORS = {
+    400: "invalid request: a missing or malformed field, an unsupported language, a limit, "
+    "invalid JSON or a body that is not UTF-8, a missing API key",
+    403: "an API key that is not valid",
+    408: "the body did not arrive within NMT_BODY_TIMEOUT_SECONDS",
+    413: "a body larger than NMT_MAX_BODY_BYTES",
+    429: "Slowdown: the queue is full or too many requests are in flight (Retry-After)",
+    500: "a server fault; the message names the request id",
+    503: "models loading, or the server is shutting down",
+    504: "not translated within NMT_REQUEST_TIMEOUT_SECONDS",
+}
+
+
+def _error_response(description: str) -> dict:
+    schema = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {"type": "string"}},
+    }
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
 def build_router(settings: Settings) -> APIRouter:
     router = APIRouter(tags=["LibreTranslate compatible"])
 
@@ -74,7 +97,11 @@ def build_router(settings: Settings) -> APIRouter:
                                 "source": {"type": "string", "example": "fr"},
                                 "target": {"type": "string", "example": "en"},
                                 "format": {"type": "string", "enum": ["text"]},
-                                "alternatives": {"type": "integer", "minimum": 0},
+                                "alternatives": {
+                                    "type": "integer",
+                                    "minimum": 0,
+                                    "maximum": settings.max_beam_size - 1,
+                                },
                                 "api_key": {"type": "string"},
                             },
                         }
@@ -82,6 +109,15 @@ def build_router(settings: Settings) -> APIRouter:
                     "application/x-www-form-urlencoded": {"schema": {"type": "object"}},
                 }
             }
+        },
+        response_model=None,
+        responses={
+            200: {
+                "description": "translatedText: a string, or a list for a list q (plus "
+                "alternatives and detectedLanguage when they apply)",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+            **{status: _error_response(why) for status, why in LIBRE_ERRORS.items()},
         },
     )
     async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
@@ -186,6 +222,7 @@ async def _translate(
         length_penalty=settings.default_length_penalty,
         n_best=alternatives + 1,
         max_length=settings.max_output_length,
+        max_repeats=settings.max_repeats,
     )
     result = await service.translate(model, texts, options, lambda: client_disconnected(request))
     request.state.sentences = result.sentences

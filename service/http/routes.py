@@ -68,8 +68,9 @@ def build_router(settings: Settings) -> APIRouter:
     ) -> TranslateResponse:
         model = service.model_for(body.source_lang, body.target_lang)
         request.state.model = model.name
+        options = body.search_options(settings.max_repeats)
         result = await service.translate(
-            model, body.texts, body.search_options(), lambda: client_disconnected(request)
+            model, body.texts, options, lambda: client_disconnected(request)
         )
         request.state.texts = len(result.texts)
         request.state.sentences = result.sentences

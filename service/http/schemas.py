@@ -38,13 +38,15 @@ class TranslateRequestBase(BaseModel):
     def texts(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
 
-    def search_options(self) -> SearchOptions:
+    def search_options(self, max_repeats: int = 0) -> SearchOptions:
+        """The decoding settings asked for, with the server's repetition guard."""
         return SearchOptions(
             beam_size=self.beam_size,
             length_penalty=self.length_penalty,
             n_best=self.n_best,
             max_length=self.max_length,
             alignment=self.return_alignment,
+            max_repeats=max_repeats,
         )
 
 

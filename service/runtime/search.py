@@ -50,6 +50,36 @@ class SearchOptions:
     n_best: int = 1
     max_length: int = 256
     alignment: bool = False
+    # Stop a hypothesis before it repeats an n-gram (n <= MAX_REPEAT_NGRAM) more than this
+    # many times in a row (a model fed garbage loops: "the man the man the man ..."); 0: off.
+    max_repeats: int = 0
+
+
+MAX_REPEAT_NGRAM = 4
+
+
+def _repeat_window(options: SearchOptions) -> int:
+    """How many of the last tokens `repeat_closers` needs to see."""
+    return MAX_REPEAT_NGRAM * (options.max_repeats + 1)
+
+
+def repeat_closers(sequences: np.ndarray, max_repeats: int) -> np.ndarray:
+    """sequences [rows, L] (tokens so far) -> [rows, MAX_REPEAT_NGRAM] token ids, -1 for none:
+    for each n, the token that would make the row end in max_repeats + 1 copies of one n-gram.
+    The last n*(max_repeats+1) - 1 tokens must already repeat with period n; the closing token
+    is then the one n positions back."""
+    rows, length = sequences.shape
+    closers = np.full((rows, MAX_REPEAT_NGRAM), -1, dtype=np.int64)
+    if max_repeats <= 0:
+        return closers
+    for n in range(1, MAX_REPEAT_NGRAM + 1):
+        span = n * (max_repeats + 1) - 1
+        if length < span:
+            break
+        tail = sequences[:, length - span :]  # [rows, span]
+        periodic = np.all(tail[:, n:] == tail[:, :-n], axis=1)
+        closers[periodic, n - 1] = tail[periodic, span - n]
+    return closers
 
 
 def pad_sources(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,6 +187,14 @@ def _greedy(
         if alignments is not None:  # [rows, S'] (S' <= S once padding is cut)
             alignments[sentence_of_row, step, : result.alignment.shape[1]] = result.alignment
         ended = (best == engine.eos_id) | (step + 1 >= limits[sentence_of_row])
+        if options.max_repeats:  # end before the token that would repeat an n-gram once more
+            recent = output[sentence_of_row, max(0, step - _repeat_window(options)) : step]
+            closers = repeat_closers(recent, options.max_repeats)
+            looping = (closers == best[:, None]).any(axis=1) & (best != engine.eos_id)
+            looped = sentence_of_row[looping]
+            produced[looped] -= 1
+            log_probs[looped] -= result.top_log_probs[looping, 0]
+            ended |= looping
         dropped_rows = _abandoned_now(abandoned, count)[sentence_of_row]
         dropped[sentence_of_row[dropped_rows]] = True
         ended |= dropped_rows
@@ -250,14 +288,29 @@ def _beam(
         at_limit = length >= limits[alive]  # [live]
         valid = top_scores > -np.inf
         ends = valid & ((top_token == engine.eos_id) | at_limit[:, None])
+        # A candidate whose token would repeat an n-gram once too often ends its hypothesis
+        # before that token (scored without it).
+        looping = np.zeros_like(ends)
+        if options.max_repeats and sequences.shape[1]:
+            recent = sequences[:, -_repeat_window(options) :]
+            closers = repeat_closers(recent, options.max_repeats)[top_row]  # [live, r, N]
+            looping = valid & (closers == top_token[..., None]).any(axis=2)
+            looping &= top_token != engine.eos_id
+            ends |= looping
 
         # Candidates that end among the first K are finished hypotheses.
         for j, rank in zip(*np.nonzero(ends[:, :width]), strict=True):
             sentence, row, token = alive[j], top_row[j, rank], top_token[j, rank]
-            body = sequences[row].tolist() + ([] if token == engine.eos_id else [int(token)])
-            score = float(top_scores[j, rank])
-            alignment = history[row, :, : source_lengths[sentence]] if options.alignment else None
-            finished[sentence].append(Hypothesis(body, score / length**penalty, score, alignment))
+            body = sequences[row].tolist()
+            score, produced = float(top_scores[j, rank]), length
+            if looping[j, rank]:  # ends before its token: the beam's score so far
+                score, produced = float(scores[j, top[j, rank] // per_beam]), length - 1
+            elif token != engine.eos_id:
+                body.append(int(token))
+            alignment = None
+            if options.alignment:
+                alignment = history[row, :produced, : source_lengths[sentence]]
+            finished[sentence].append(Hypothesis(body, score / produced**penalty, score, alignment))
             if len(finished[sentence]) >= width:
                 kth_best[sentence] = sorted(h.score for h in finished[sentence])[-width]
 

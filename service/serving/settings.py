@@ -93,6 +93,12 @@ class Settings(BaseSettings):
     default_length_penalty: float = Field(
         1.0, ge=0, description="length_penalty when a request has none"
     )
+    max_repeats: int = Field(
+        3,
+        ge=0,
+        description="a translation stops before it repeats an n-gram (up to 4 tokens) more "
+        "than this many times in a row (0 = off)",
+    )
 
     # Dynamic batching and the queue
     max_batch_size: int = Field(32, gt=0, description="sentences in one engine batch")

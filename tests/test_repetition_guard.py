@@ -1,0 +1,105 @@
+"""The repetition guard (issue 9, defect 10): a hypothesis stops before it repeats an n-gram more
+than `max_repeats` times in a row. Checked against a brute-force definition, and on a fake
+engine that loops for ever, so that no model is needed."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from service.runtime.engine import StepResult
+from service.runtime.search import MAX_REPEAT_NGRAM, SearchOptions, repeat_closers, search
+
+EOS, START, PAD = 2, 1, 0
+
+
+def longest_run(tokens: list[int], n: int) -> int:
+    """The most times one n-gram occurs back to back anywhere in tokens (brute force)."""
+    best = 0
+    for start in range(len(tokens) - n + 1):
+        gram, count = tokens[start : start + n], 1
+        while tokens[start + count * n : start + (count + 1) * n] == gram:
+            count += 1
+        best = max(best, count)
+    return best
+
+
+def ends_with_too_many(tokens: list[int], max_repeats: int) -> bool:
+    """Do the tokens end in more than max_repeats copies of one n-gram (n <= 4)?"""
+    for n in range(1, MAX_REPEAT_NGRAM + 1):
+        span = n * (max_repeats + 1)
+        tail = tokens[-span:]
+        if len(tail) == span and all(tail[i] == tail[i % n] for i in range(span)):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("max_repeats", [1, 2, 3])
+def test_repeat_closers_name_exactly_the_tokens_that_complete_a_repeat(max_repeats: int):
+    rng = random.Random(max_repeats)
+    rows = [[rng.choice([5, 6, 7]) for _ in range(rng.randint(0, 14))] for _ in range(400)]
+    rows += [[5, 6] * 6, [5] * 9, [5, 6, 7] * 4, [5, 6, 7, 8] * 4]
+    for row in rows:
+        closers = repeat_closers(np.array([row], dtype=np.int64).reshape(1, -1), max_repeats)[0]
+        for token in (5, 6, 7, 8):
+            expected = ends_with_too_many([*row, token], max_repeats) and not ends_with_too_many(
+                row, max_repeats
+            )
+            if ends_with_too_many(row, max_repeats):
+                continue  # a row the guard would already have stopped
+            assert (token in closers) == expected, (row, token)
+
+
+class LoopingEngine:
+    """A fake engine whose best continuation loops for ever: start -> 5 -> 6 -> 5 -> 6 ...
+    Every other token leads to </s>. Only the interface that search uses."""
+
+    eos_id, pad_id, start_id, max_positions = EOS, PAD, START, 512
+    vocab = 10
+
+    class State:
+        def select_rows(self, rows: np.ndarray) -> None:
+            pass
+
+        def select_sources(self, sources: np.ndarray) -> None:
+            pass
+
+    def start(self, source_ids: np.ndarray, source_mask: np.ndarray) -> State:
+        return self.State()
+
+    def step(self, state, tokens: np.ndarray, top_k: int, want_alignment: bool = False):
+        ranked = []
+        for fed in tokens.tolist():
+            best = {START: 5, 5: 6, 6: 5}.get(fed, EOS)
+            others = [t for t in (EOS, 7, 8, 9, 3, 4) if t != best]
+            ranked.append([best, *others][:top_k])
+        ids = np.array(ranked, dtype=np.int64)
+        log_probs = np.tile(-np.arange(1, top_k + 1, dtype=np.float32) * 0.5, (len(tokens), 1))
+        log_probs[:, 0] = -0.01
+        return StepResult(log_probs, ids)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("max_repeats", [2, 3])
+def test_a_looping_model_is_stopped_right_before_the_repeat_that_is_one_too_many(
+    beam_size: int, max_repeats: int
+):
+    sources = [[4] * 40 + [EOS], [4] * 30 + [EOS]]  # long sources: a length limit far away
+    options = SearchOptions(beam_size=beam_size, n_best=beam_size, max_repeats=max_repeats)
+    for hypotheses in search(LoopingEngine(), sources, options):
+        assert hypotheses
+        for hypothesis in hypotheses:
+            for n in range(1, MAX_REPEAT_NGRAM + 1):
+                assert longest_run(hypothesis.tokens, n) <= max_repeats, hypothesis.tokens
+        best = hypotheses[0].tokens
+        loop = list(itertools.islice(itertools.cycle([5, 6]), len(best) + 1))
+        assert best == loop[: len(best)]  # the model's own tokens, cut ...
+        assert ends_with_too_many(loop, max_repeats)  # ... just before one repeat too many
+
+
+def test_without_the_guard_the_loop_runs_to_the_length_limit():
+    found = search(LoopingEngine(), [[4] * 20 + [EOS]], SearchOptions(max_length=40))
+    assert len(found[0][0].tokens) == 40
