@@ -58,3 +58,10 @@ def split_language_code(text: str) -> tuple[list[str], str]:
     if text.startswith(">>") and (end := text.find("<<")) != -1:
         return [text[: end + 2]], text[end + 2 :]
     return [], text
+
+
+def join_marian_pieces(target_model: Any, pieces: list[str]) -> str:
+    """Target pieces -> text, as `MarianTokenizer` does: the target SentencePiece model joins
+    them, and a "▁" left over in a piece it does not know (a source-only piece of Marian's
+    shared vocabulary) becomes a space. `target_model` is a SentencePieceProcessor."""
+    return target_model.decode_pieces(pieces).replace("▁", " ").strip()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from nmt_contract import split_language_code
+from nmt_contract import join_marian_pieces, split_language_code
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
@@ -125,7 +125,7 @@ class VocabTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         pieces = [self.piece_of.get(i, "<unk>") for i in ids if i not in (self.pad_id, self.eos_id)]
-        return self.target.decode_pieces(pieces)
+        return join_marian_pieces(self.target, pieces)
 
     @property
     def files(self) -> dict[str, Path]:

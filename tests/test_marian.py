@@ -281,6 +281,17 @@ def test_tokenizers_agree_with_marian_tokenizer(imported, imported_bundle, hf_to
         ids = hf_tokenizer(text_target=text).input_ids
         assert served.decode(ids) == ours.decode(ids) == text
         assert hf_tokenizer.decode(ids, skip_special_tokens=True) == text
+    # Pieces of the shared vocabulary that only the source model knows: no raw "▁" is printed.
+    source_only = [
+        i
+        for piece, i in ours.vocab.items()
+        if piece.startswith("▁") and ours.target.piece_to_id(piece) == ours.target.unk_id()
+    ][:20]
+    assert source_only
+    for ids in ([source_only[0]], source_only[:5], [*source_only[5:9], ours.eos_id]):
+        expected = hf_tokenizer.decode(ids, skip_special_tokens=True)
+        assert "▁" not in expected
+        assert served.decode(ids) == ours.decode(ids) == expected
 
 
 def hf_generate(model, ids: list[int], beam: int, limit: int):

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import sentencepiece as spm
 
-from nmt_contract import split_language_code
+from nmt_contract import join_marian_pieces, split_language_code
 from service.runtime.bundle import Bundle
 
 
@@ -43,7 +43,7 @@ class BundleTokenizer:
         kept = [i for i in ids if i not in (self.pad_id, self.eos_id)]
         if self.vocab is None:
             return self.target.decode(kept)
-        return self.target.decode_pieces([self.piece_of.get(i, "<unk>") for i in kept])
+        return join_marian_pieces(self.target, [self.piece_of.get(i, "<unk>") for i in kept])
 
     def source_pieces(self, ids: Iterable[int]) -> list[str]:
         if self.vocab is not None:
