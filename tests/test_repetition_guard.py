@@ -55,7 +55,11 @@ def test_repeat_closers_name_exactly_the_tokens_that_complete_a_repeat(max_repea
 
 class LoopingEngine:
     """A fake engine whose best continuation loops for ever: start -> 5 -> 6 -> 5 -> 6 ...
-    Every other token leads to </s>. Only the interface that search uses."""
+    Its second choice is always 7 (or `second`), and every token outside the loop leads to
+    </s>. Only the interface that search uses."""
+
+    def __init__(self, second: int = 7) -> None:
+        self.second = second
 
     eos_id, pad_id, start_id, max_positions = EOS, PAD, START, 512
     vocab = 10
@@ -74,7 +78,8 @@ class LoopingEngine:
         ranked = []
         for fed in tokens.tolist():
             best = {START: 5, 5: 6, 6: 5}.get(fed, EOS)
-            others = [t for t in (EOS, 7, 8, 9, 3, 4) if t != best]
+            others = [t for t in (self.second, EOS, 7, 8, 9, 3, 4) if t != best]
+            others = list(dict.fromkeys(others))
             ranked.append([best, *others][:top_k])
         ids = np.array(ranked, dtype=np.int64)
         log_probs = np.tile(-np.arange(1, top_k + 1, dtype=np.float32) * 0.5, (len(tokens), 1))
@@ -82,22 +87,38 @@ class LoopingEngine:
         return StepResult(log_probs, ids)
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
+def cycle(length: int) -> list[int]:
+    return list(itertools.islice(itertools.cycle([5, 6]), length))
+
+
 @pytest.mark.parametrize("max_repeats", [2, 3])
-def test_a_looping_model_is_stopped_right_before_the_repeat_that_is_one_too_many(
-    beam_size: int, max_repeats: int
-):
+def test_greedy_takes_its_second_choice_instead_of_repeating_once_too_often(max_repeats: int):
+    found = search(LoopingEngine(), [[4] * 40 + [EOS]], SearchOptions(max_repeats=max_repeats))
+    tokens = found[0][0].tokens
+    assert tokens[-1] == 7  # left the loop by its second choice, then ended
+    loop = tokens[:-1]
+    assert loop == cycle(len(loop))  # the model's own tokens up to there ...
+    assert ends_with_too_many(cycle(len(loop) + 1), max_repeats)  # ... just before one too many
+
+
+def test_greedy_ends_before_the_loop_when_its_second_choice_loops_too():
+    engine = LoopingEngine(second=6)  # after 5 the second choice (6) is the loop's token too
+    found = search(engine, [[4] * 40 + [EOS]], SearchOptions(max_repeats=2))
+    tokens = found[0][0].tokens
+    for n in range(1, MAX_REPEAT_NGRAM + 1):
+        assert longest_run(tokens, n) <= 2, tokens
+
+
+@pytest.mark.parametrize("beam_size", [2, 3])
+@pytest.mark.parametrize("max_repeats", [2, 3])
+def test_no_beam_hypothesis_repeats_an_ngram_once_too_often(beam_size: int, max_repeats: int):
     sources = [[4] * 40 + [EOS], [4] * 30 + [EOS]]  # long sources: a length limit far away
     options = SearchOptions(beam_size=beam_size, n_best=beam_size, max_repeats=max_repeats)
     for hypotheses in search(LoopingEngine(), sources, options):
-        assert hypotheses
+        assert len(hypotheses) == beam_size
         for hypothesis in hypotheses:
             for n in range(1, MAX_REPEAT_NGRAM + 1):
                 assert longest_run(hypothesis.tokens, n) <= max_repeats, hypothesis.tokens
-        best = hypotheses[0].tokens
-        loop = list(itertools.islice(itertools.cycle([5, 6]), len(best) + 1))
-        assert best == loop[: len(best)]  # the model's own tokens, cut ...
-        assert ends_with_too_many(loop, max_repeats)  # ... just before one repeat too many
 
 
 def test_without_the_guard_the_loop_runs_to_the_length_limit():

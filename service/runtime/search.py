@@ -178,23 +178,31 @@ def _greedy(
     feed = np.full(count, engine.start_id, dtype=np.int64)
     dropped = np.zeros(count, dtype=bool)  # abandoned before they ended
 
+    # With the repetition guard on, each row also gets its second choice, taken when the first
+    # would repeat an n-gram once too often (the model then usually leaves the loop).
+    top_k = 2 if options.max_repeats else 1
     for step in range(steps):
-        result = engine.step(state, feed, top_k=1, want_alignment=options.alignment)
-        best = result.top_ids[:, 0]  # [rows]
-        output[sentence_of_row, step] = best
-        log_probs[sentence_of_row] += result.top_log_probs[:, 0]
-        produced[sentence_of_row] += 1
-        if alignments is not None:  # [rows, S'] (S' <= S once padding is cut)
-            alignments[sentence_of_row, step, : result.alignment.shape[1]] = result.alignment
-        ended = (best == engine.eos_id) | (step + 1 >= limits[sentence_of_row])
-        if options.max_repeats:  # end before the token that would repeat an n-gram once more
+        result = engine.step(state, feed, top_k=top_k, want_alignment=options.alignment)
+        best, best_log_prob = result.top_ids[:, 0], result.top_log_probs[:, 0]  # [rows]
+        stuck = np.zeros(len(best), dtype=bool)  # both choices would loop: end before them
+        if options.max_repeats:
             recent = output[sentence_of_row, max(0, step - _repeat_window(options)) : step]
             closers = repeat_closers(recent, options.max_repeats)
-            looping = (closers == best[:, None]).any(axis=1) & (best != engine.eos_id)
-            looped = sentence_of_row[looping]
-            produced[looped] -= 1
-            log_probs[looped] -= result.top_log_probs[looping, 0]
-            ended |= looping
+
+            def loops(tokens: np.ndarray, closers: np.ndarray = closers) -> np.ndarray:
+                return (closers == tokens[:, None]).any(axis=1) & (tokens != engine.eos_id)
+
+            first_loops, second = loops(best), result.top_ids[:, 1]
+            use_second = first_loops & ~loops(second)
+            best = np.where(use_second, second, best)
+            best_log_prob = np.where(use_second, result.top_log_probs[:, 1], best_log_prob)
+            stuck = first_loops & ~use_second
+        output[sentence_of_row, step] = best
+        log_probs[sentence_of_row] += np.where(stuck, 0.0, best_log_prob)
+        produced[sentence_of_row] += ~stuck
+        if alignments is not None:  # [rows, S'] (S' <= S once padding is cut)
+            alignments[sentence_of_row, step, : result.alignment.shape[1]] = result.alignment
+        ended = (best == engine.eos_id) | (step + 1 >= limits[sentence_of_row]) | stuck
         dropped_rows = _abandoned_now(abandoned, count)[sentence_of_row]
         dropped[sentence_of_row[dropped_rows]] = True
         ended |= dropped_rows
@@ -287,16 +295,20 @@ def _beam(
         top_token = np.take_along_axis(result.top_ids.reshape(live, -1), top, axis=1)
         at_limit = length >= limits[alive]  # [live]
         valid = top_scores > -np.inf
-        ends = valid & ((top_token == engine.eos_id) | at_limit[:, None])
-        # A candidate whose token would repeat an n-gram once too often ends its hypothesis
+        # A candidate whose token would repeat an n-gram once too often is skipped. Only a
+        # sentence left with nothing else, and nothing finished, ends its best such candidate,
         # before that token (scored without it).
-        looping = np.zeros_like(ends)
+        looping = np.zeros_like(valid)  # the cornered ones' fallback: end before the loop
         if options.max_repeats and sequences.shape[1]:
             recent = sequences[:, -_repeat_window(options) :]
             closers = repeat_closers(recent, options.max_repeats)[top_row]  # [live, r, N]
-            looping = valid & (closers == top_token[..., None]).any(axis=2)
-            looping &= top_token != engine.eos_id
-            ends |= looping
+            closes = valid & (closers == top_token[..., None]).any(axis=2)
+            closes &= top_token != engine.eos_id
+            has_finished = np.array([bool(finished[s]) for s in alive])
+            cornered = ~(valid & ~closes).any(axis=1) & ~has_finished
+            looping = closes & cornered[:, None] & (np.cumsum(closes, axis=1) == 1)
+            valid &= ~closes
+        ends = (valid & ((top_token == engine.eos_id) | at_limit[:, None])) | looping
 
         # Candidates that end among the first K are finished hypotheses.
         for j, rank in zip(*np.nonzero(ends[:, :width]), strict=True):
@@ -324,7 +336,7 @@ def _beam(
 
         complete = np.isfinite(kth_best[alive])
         cannot_improve = next_scores.max(axis=1) / length**penalty <= kth_best[alive]
-        done = at_limit | (complete & cannot_improve)
+        done = at_limit | (complete & cannot_improve) | ~picked.any(axis=1)
         gone = _abandoned_now(abandoned, count)[alive]
         for sentence in alive[gone]:  # no hypothesis for them, not even finished ones
             finished[sentence] = []
