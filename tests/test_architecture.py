@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from starlette.requests import Request
 
 from service.http.app import create_app
+from service.http.deepl import _as_deepl_error
 from service.http.libretranslate import _as_libre_error
 from service.serving import errors
 from service.serving.settings import Settings
@@ -82,6 +83,7 @@ SAMPLES: dict[type, errors.ServiceError] = {
     errors.MissingApiKey: errors.MissingApiKey(),
     errors.InvalidApiKey: errors.InvalidApiKey(),
     errors.Overloaded: errors.Overloaded(256, 1),
+    errors.QuotaExceeded: errors.QuotaExceeded(100, 100),
     errors.DeadlineExceeded: errors.DeadlineExceeded(2.0),
     errors.ClientGone: errors.ClientGone("gone"),
     errors.InternalError: errors.InternalError("a bug"),
@@ -127,3 +129,12 @@ def test_every_error_is_answered_with_its_own_status_in_each_dialect(client: Tes
     libre = _as_libre_error(error, request)
     assert libre.status == (400 if kind.status in (401, 404, 413, 422) else kind.status)
     assert libre.message
+
+    deepl = _as_deepl_error(error, request)
+    if isinstance(error, errors.MissingApiKey | errors.InvalidApiKey):
+        assert deepl.status == 403  # DeepL says 403 for any key problem
+    elif isinstance(error, errors.QuotaExceeded):
+        assert deepl.status == 456
+    else:
+        assert deepl.status == (400 if kind.status in (401, 404, 422) else kind.status)
+    assert deepl.message

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
-from service.http import libretranslate, routes
+from service.http import deepl, libretranslate, routes
 from service.http.middleware import RequestContextMiddleware
 from service.http.pages import add_pages
 from service.serving.access import ApiKeys
@@ -76,12 +76,14 @@ def create_app(
     add_pages(app, docs=settings.docs)
     app.include_router(routes.build_router(settings))
     app.include_router(libretranslate.build_router(settings))
+    app.include_router(deepl.build_router(settings))
     app.add_middleware(
         RequestContextMiddleware,
         metrics=metrics,
         max_body_bytes=settings.max_body_bytes,
         access_log_enabled=settings.access_log,
-        plain_error_paths=libretranslate.PATHS,
+        error_keys=dict.fromkeys(libretranslate.PATHS, "error")
+        | dict.fromkeys(deepl.PATHS, "message"),
         max_in_flight=settings.max_requests_in_flight,
         body_timeout=settings.body_timeout_seconds,
         retry_after=settings.retry_after_seconds,

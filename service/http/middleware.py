@@ -56,7 +56,7 @@ class RequestContextMiddleware:
         metrics: Metrics,
         max_body_bytes: int,
         access_log_enabled: bool = True,
-        plain_error_paths: frozenset[str] = frozenset(),
+        error_keys: dict[str, str] | None = None,
         max_in_flight: int = 256,
         body_timeout: float = 10.0,
         retry_after: int = 1,
@@ -69,7 +69,9 @@ class RequestContextMiddleware:
         self.retry_after = retry_after
         self.in_flight = 0  # requests past admission, not yet answered (one event loop)
         self.access_log_enabled = access_log_enabled
-        self.plain_error_paths = plain_error_paths  # LibreTranslate-style {"error": ...} bodies
+        # Paths whose dialect names its error field otherwise than FastAPI's "detail"
+        # (LibreTranslate: "error", DeepL: "message").
+        self.error_keys = error_keys or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -194,7 +196,7 @@ class RequestContextMiddleware:
         close: bool,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        key = "error" if scope.get("path") in self.plain_error_paths else "detail"
+        key = self.error_keys.get(scope.get("path", ""), "detail")
         body = json.dumps({key: message}).encode()
         headers = [
             (b"content-type", b"application/json"),

@@ -127,6 +127,19 @@ class Overloaded(ServiceError):
         return {"Retry-After": str(self.retry_after)}
 
 
+class QuotaExceeded(ServiceError):
+    """The configured character quota (NMT_CHARACTER_LIMIT) is used up. 429 in the native
+    and LibreTranslate APIs; DeepL's API says 456, as DeepL does."""
+
+    status = 429
+
+    def __init__(self, used: int, limit: int) -> None:
+        super().__init__(
+            f"the character quota is used up: {used} of {limit} characters translated "
+            "(NMT_CHARACTER_LIMIT)"
+        )
+
+
 class DeadlineExceeded(ServiceError):
     status = 504
 

@@ -23,6 +23,7 @@ from service.serving.errors import (
     ClientGone,
     DeadlineExceeded,
     InvalidInput,
+    QuotaExceeded,
     RequestTooLarge,
     ShuttingDown,
     TranslationFailed,
@@ -31,7 +32,7 @@ from service.serving.input_text import clean_text, has_letters
 from service.serving.lifecycle import Lifecycle
 from service.serving.registry import LoadedModel, ModelRegistry
 from service.serving.scheduler import SentenceFailed
-from service.serving.sentences import SplitText, split_sentences
+from service.serving.sentences import SplitMode, SplitText, split_text
 from service.serving.settings import Settings
 
 WEIGHT_DECIMALS = 3
@@ -79,6 +80,7 @@ class TranslationService:
         self.settings = settings
         self.registry = registry
         self.lifecycle = lifecycle
+        self.characters_translated = 0  # source characters of answered requests, since start
 
     def model_for(self, source_lang: str, target_lang: str) -> LoadedModel:
         self.lifecycle.check_accepting()
@@ -90,17 +92,23 @@ class TranslationService:
         texts: list[str],
         options: SearchOptions,
         client_gone: Callable[[], Awaitable[object]] | None = None,
+        split: SplitMode = "sentences",
     ) -> RequestResult:
+        characters = sum(len(text) for text in texts)
+        quota = self.settings.character_limit
+        if quota and self.characters_translated + characters > quota:
+            raise QuotaExceeded(self.characters_translated, quota)
         timeout = self.settings.request_timeout_seconds
         deadline = time.monotonic() + timeout
         limit = self.settings.max_sentences_per_request
         if sum(len(text) for text in texts) > PREPARE_INLINE_CHARS:  # keep the loop responsive
-            prepared = await asyncio.to_thread(_prepare, model, texts, limit)
+            prepared = await asyncio.to_thread(_prepare, model, texts, limit, split)
         else:
-            prepared = _prepare(model, texts, limit)
+            prepared = _prepare(model, texts, limit, split)
         hypotheses = await self._run(
             model, prepared.sources, prepared.owners, options, deadline, client_gone
         )
+        self.characters_translated += characters
         return _assemble(model, prepared, hypotheses, options)
 
     async def _run(
@@ -169,8 +177,10 @@ class _Prepared:
     slots: list[list[int | None]]
 
 
-def _prepare(model: LoadedModel, texts: list[str], max_sentences: int) -> _Prepared:
-    splits = [split_sentences(clean_text(text, index)) for index, text in enumerate(texts)]
+def _prepare(
+    model: LoadedModel, texts: list[str], max_sentences: int, split: SplitMode = "sentences"
+) -> _Prepared:
+    splits = [split_text(clean_text(text, index), split) for index, text in enumerate(texts)]
     if (count := sum(len(split.sentences) for split in splits)) > max_sentences:
         raise RequestTooLarge(count, max_sentences)  # before any tokenizing
     sentences: list[str] = []

@@ -25,6 +25,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
+
+# How a text is cut before translation: at sentence ends and line breaks (the default), at
+# sentence ends only (line breaks read as spaces), or not at all (the text is one sentence).
+SplitMode = Literal["sentences", "no_newlines", "none"]
 
 # Horizontal whitespace, a line break, then any whitespace: one separator.
 _LINE_BREAK = re.compile(r"((?<![^\S\n])[^\S\n]*+\n\s*+)")
@@ -55,6 +60,14 @@ class SplitText:
             if index < len(self.separators):
                 parts.append(self.separators[index])
         return "".join(parts)
+
+
+def split_text(text: str, mode: SplitMode = "sentences") -> SplitText:
+    if mode == "none":
+        return SplitText([text.strip()], []) if text.strip() else SplitText([], [])
+    if mode == "no_newlines":
+        text = " ".join(text.splitlines())
+    return split_sentences(text)
 
 
 def split_sentences(text: str) -> SplitText:

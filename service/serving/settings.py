@@ -93,6 +93,12 @@ class Settings(BaseSettings):
     default_length_penalty: float = Field(
         1.0, ge=0, description="length_penalty when a request has none"
     )
+    character_limit: int = Field(
+        0,
+        ge=0,
+        description="characters the server may translate from start to stop (DeepL's "
+        "/v2/usage reports it; 456 or 429 past it); 0: no limit",
+    )
     max_repeats: int = Field(
         3,
         ge=0,

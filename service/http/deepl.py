@@ -1,0 +1,329 @@
+"""The DeepL API v2 dialect: `POST /v2/translate`, `GET|POST /v2/languages`, `GET|POST
+/v2/usage`, so that DeepL clients (the official `deepl` library, Weblate, Mastodon) work
+unchanged against this server.
+
+As DeepL: JSON or form bodies (`text` repeated in a form, a list in JSON); upper-case language
+codes, `EN-GB`/`EN-US` as English targets; `{"translations": [{"detected_source_language",
+"text"}]}`; errors as `{"message": ...}` with DeepL's statuses (400, 403, 413, 429 with
+Retry-After, 456 when the character quota is used up, 503); `Authorization: DeepL-Auth-Key KEY`
+checked against NMT_API_KEYS when keys are configured. What the models cannot honour is
+refused with DeepL's own wording (`formality` `more`/`less`, glossaries, `tag_handling` for
+now), or accepted and ignored where DeepL too treats it as a hint (`formality` `prefer_*`,
+`context`). docs/compatibility.md lists every field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected
+from service.http.libretranslate import LANGUAGE_NAMES
+from service.runtime.search import SearchOptions
+from service.serving.access import ApiKeys, key_from_headers
+from service.serving.errors import (
+    InternalError,
+    InvalidApiKey,
+    MissingApiKey,
+    QuotaExceeded,
+    ServiceError,
+    UnknownPair,
+)
+from service.serving.pipeline import TranslationService
+from service.serving.sentences import SplitMode
+from service.serving.settings import Settings
+
+PATHS = frozenset({"/v2/translate", "/v2/languages", "/v2/usage"})
+QUOTA_EXCEEDED = 456  # DeepL's own status for "quota exceeded"
+# DeepL's English targets; a bare "EN" is accepted too (DeepL deprecates it).
+REGIONAL_TARGETS = {"en": ("EN-GB", "EN-US"), "pt": ("PT-BR", "PT-PT")}
+REGION_NAMES = {
+    "EN-GB": "English (British)",
+    "EN-US": "English (American)",
+    "PT-BR": "Portuguese (Brazilian)",
+    "PT-PT": "Portuguese (European)",
+}
+SPLIT_MODES: dict[str, SplitMode] = {"1": "sentences", "0": "none", "nonewlines": "no_newlines"}
+FORMALITIES = {"default", "prefer_more", "prefer_less", "more", "less"}
+
+
+class DeepLError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        self.status, self.message, self.headers = status, message, headers
+        super().__init__(message)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"message": self.message}, self.status, headers=self.headers)
+
+
+def build_router(settings: Settings) -> APIRouter:
+    router = APIRouter(tags=["DeepL v2 compatible"])
+
+    @router.post(
+        "/v2/translate",
+        summary="DeepL-compatible translation (text, target_lang)",
+        response_model=None,
+        openapi_extra={"requestBody": _REQUEST_BODY},
+        responses={status: _error_doc(why) for status, why in DEEPL_ERRORS.items()},
+    )
+    async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
+        return await _answer(request, keys, lambda fields: _translate(service, request, fields))
+
+    for method in ("GET", "POST"):
+        router.add_api_route(
+            "/v2/languages",
+            _languages_route(),
+            methods=[method],
+            summary="DeepL-compatible list of languages (type=source|target)",
+            response_model=None,
+            responses={403: _error_doc(DEEPL_ERRORS[403])},
+        )
+        router.add_api_route(
+            "/v2/usage",
+            _usage_route(settings),
+            methods=[method],
+            summary="DeepL-compatible usage: characters translated and the limit",
+            response_model=None,
+            responses={403: _error_doc(DEEPL_ERRORS[403])},
+        )
+    return router
+
+
+def _languages_route():
+    async def languages(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
+        async def answer(fields: dict[str, Any]) -> JSONResponse:
+            kind = str(fields.get("type") or "source").lower()
+            if kind not in ("source", "target"):
+                raise DeepLError(400, "Value for 'type' not supported.")
+            return JSONResponse(_language_list(service, kind))
+
+        return await _answer(request, keys, answer)
+
+    return languages
+
+
+def _usage_route(settings: Settings):
+    async def usage(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
+        async def answer(fields: dict[str, Any]) -> JSONResponse:
+            # No limit configured: a limit no one reaches, as DeepL reports for unlimited plans.
+            limit = settings.character_limit or 10**12
+            return JSONResponse(
+                {"character_count": service.characters_translated, "character_limit": limit}
+            )
+
+        return await _answer(request, keys, answer)
+
+    return usage
+
+
+async def _answer(
+    request: Request, keys: ApiKeys, respond: Callable[[dict[str, Any]], Awaitable[JSONResponse]]
+) -> JSONResponse:
+    """Read the fields, check the key, respond; every failure in DeepL's format."""
+    try:
+        fields = await _read_fields(request)
+        auth_key = fields.get("auth_key")  # DeepL's deprecated form field
+        presented = key_from_headers(
+            request.headers.get("authorization"), request.headers.get("x-api-key")
+        ) or (auth_key if isinstance(auth_key, str) else None)
+        keys.check(presented)
+        return await respond(fields)
+    except DeepLError as error:
+        request.state.error = error.message
+        return error.response()
+    except ServiceError as error:
+        deepl_error = _as_deepl_error(error, request)
+        request.state.error = deepl_error.message
+        return deepl_error.response()
+
+
+async def _read_fields(request: Request) -> dict[str, Any]:
+    """JSON, urlencoded or multipart form (a repeated `text` becomes a list); the query string
+    fills in the rest (DeepL's GET endpoints take their parameters there, and the official
+    client sends `type` in a GET body)."""
+    fields: dict[str, Any] = dict(request.query_params)
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json" or content_type.endswith("+json"):
+        try:
+            data = json.loads(await request.body() or b"{}")
+        except (ValueError, RecursionError):
+            raise DeepLError(400, "Invalid JSON in the request body.") from None
+        if not isinstance(data, dict):
+            raise DeepLError(400, "The request body must be a JSON object.")
+        fields.update(data)
+    elif content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        form = await request.form()
+        for name in set(form.keys()):
+            values = [v for v in form.getlist(name) if isinstance(v, str)]
+            if values:
+                fields[name] = values if name in ("text", "ignore_tags") else values[-1]
+    return fields
+
+
+async def _translate(
+    service: TranslationService, request: Request, fields: dict[str, Any]
+) -> JSONResponse:
+    texts = fields.get("text")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not texts:
+        raise DeepLError(400, "Parameter 'text' not specified.")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise DeepLError(400, "Parameter 'text' must be a string or a list of strings.")
+    settings = service.settings
+    if len(texts) > settings.max_texts_per_request:
+        raise DeepLError(
+            413,
+            f"Too many texts: {len(texts)}; at most {settings.max_texts_per_request} per request "
+            "(NMT_MAX_TEXTS_PER_REQUEST).",
+        )
+    for text in texts:
+        if len(text) > settings.max_chars_per_text:
+            raise DeepLError(
+                413,
+                f"A text has {len(text)} characters; at most {settings.max_chars_per_text} "
+                "(NMT_MAX_CHARS_PER_TEXT).",
+            )
+    target = _target_language(fields.get("target_lang"))
+    source = _source_language(service, fields.get("source_lang"), target)
+    _refuse_what_cannot_be_honoured(fields)
+    split = SPLIT_MODES.get(str(fields.get("split_sentences", "1")).lower())
+    if split is None:
+        raise DeepLError(400, "Value for 'split_sentences' not supported.")
+    model = service.model_for(source, target)
+    request.state.model = model.name
+    options = SearchOptions(
+        beam_size=settings.default_beam_size,
+        length_penalty=settings.default_length_penalty,
+        max_length=settings.max_output_length,
+        max_repeats=settings.max_repeats,
+    )
+    result = await service.translate(
+        model, texts, options, lambda: client_disconnected(request), split=split
+    )
+    request.state.sentences = result.sentences
+    request.state.input_tokens = result.input_tokens
+    request.state.output_tokens = result.output_tokens
+    detected = source.upper()
+    return JSONResponse(
+        {
+            "translations": [
+                # DeepL bills the source characters; its clients read the count.
+                {"detected_source_language": detected, "text": item.text, "billed_characters": n}
+                for item, n in zip(result.texts, map(len, texts), strict=True)
+            ]
+        }
+    )
+
+
+def _target_language(value: Any) -> str:
+    if not value:
+        raise DeepLError(400, "Parameter 'target_lang' not specified.")
+    if not isinstance(value, str):
+        raise DeepLError(400, "Value for 'target_lang' not supported.")
+    return value.strip().split("-")[0].lower()  # EN-GB, EN-US -> en
+
+
+def _source_language(service: TranslationService, value: Any, target: str) -> str:
+    if value:
+        if not isinstance(value, str):
+            raise DeepLError(400, "Value for 'source_lang' not supported.")
+        return value.strip().lower()
+    # No source_lang: DeepL detects it. Without a detector, the only source language that
+    # translates into this target is the answer; several are refused with a clear message.
+    sources = sorted(
+        m.bundle.source_lang for m in service.registry.models if m.bundle.target_lang == target
+    )
+    if len(sources) != 1:
+        raise DeepLError(
+            400,
+            "Value for 'source_lang' required: this server does not detect languages and "
+            f"several (or no) source languages translate into {target.upper()}: "
+            f"{', '.join(s.upper() for s in sources) or 'none'}.",
+        )
+    return sources[0]
+
+
+def _refuse_what_cannot_be_honoured(fields: dict[str, Any]) -> None:
+    formality = str(fields.get("formality") or "default").lower()
+    if formality not in FORMALITIES:
+        raise DeepLError(400, "Value for 'formality' not supported.")
+    if formality in ("more", "less"):  # a demand, not a hint: the models have no formality
+        raise DeepLError(400, "'formality' is not supported for the given target language.")
+    if fields.get("glossary_id"):
+        raise DeepLError(400, "Glossaries are not supported by this server.")
+    if fields.get("tag_handling"):
+        raise DeepLError(400, "'tag_handling' is not supported by this server yet.")
+
+
+def _language_list(service: TranslationService, kind: str) -> list[dict[str, Any]]:
+    models = service.registry.models
+    if kind == "source":
+        codes = sorted({m.bundle.source_lang for m in models})
+        return [{"language": c.upper(), "name": LANGUAGE_NAMES.get(c, c)} for c in codes]
+    listed = []
+    for code in sorted({m.bundle.target_lang for m in models}):
+        for variant in REGIONAL_TARGETS.get(code, (code.upper(),)):
+            name = REGION_NAMES.get(variant, LANGUAGE_NAMES.get(code, code))
+            listed.append({"language": variant, "name": name, "supports_formality": False})
+    return listed
+
+
+def _as_deepl_error(error: ServiceError, request: Request) -> DeepLError:
+    """DeepL's status for a service error: it says 403 for any key problem and 456 for the
+    quota; anything else wrong with the request is a 400."""
+    message = str(error)
+    if isinstance(error, MissingApiKey | InvalidApiKey):
+        return DeepLError(403, "Authorization failure, check auth_key.")
+    if isinstance(error, QuotaExceeded):
+        return DeepLError(QUOTA_EXCEEDED, f"Quota Exceeded: {error}")
+    if isinstance(error, UnknownPair):
+        supported = ", ".join(p.upper() for p in error.supported) or "none"
+        message = f"Value for 'target_lang' or 'source_lang' not supported (pairs: {supported})."
+    if isinstance(error, InternalError):
+        message = f"{error} (request id {request.state.request_id})"
+    status = 400 if error.status in (401, 404, 422) else error.status
+    return DeepLError(status, message, error.headers() or None)
+
+
+DEEPL_ERRORS = {
+    400: "a missing or unsupported parameter or language, invalid JSON",
+    403: "authorization failure (NMT_API_KEYS is set, and the key is missing or wrong)",
+    413: "too many texts, a text too long, or a body larger than NMT_MAX_BODY_BYTES",
+    429: "too many requests: the queue is full (Retry-After)",
+    456: "quota exceeded (NMT_CHARACTER_LIMIT)",
+    500: "a server fault; the message names the request id",
+    503: "models loading, or the server is shutting down",
+    504: "not translated within NMT_REQUEST_TIMEOUT_SECONDS",
+}
+
+
+def _error_doc(description: str) -> dict:
+    schema = {"type": "object", "properties": {"message": {"type": "string"}}}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_REQUEST_BODY = {
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["text", "target_lang"],
+                "properties": {
+                    "text": {"type": "array", "items": {"type": "string"}},
+                    "target_lang": {"type": "string", "example": "EN-GB"},
+                    "source_lang": {"type": "string", "example": "FR"},
+                    "split_sentences": {"type": "string", "enum": ["0", "1", "nonewlines"]},
+                    "preserve_formatting": {"type": "boolean"},
+                    "formality": {"type": "string", "enum": sorted(FORMALITIES)},
+                    "context": {"type": "string"},
+                },
+            }
+        },
+        "application/x-www-form-urlencoded": {"schema": {"type": "object"}},
+    }
+}

@@ -1,0 +1,122 @@
+"""The DeepL v2 dialect, through the official `deepl` Python client against a real server: the
+client's calls work, its exceptions fire where DeepL's would, and raw bodies shaped as other
+DeepL clients send them get DeepL's answers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import deepl
+import httpx
+import pytest
+
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.search import SearchOptions
+from service.runtime.translator import Translator
+from tests.test_http_server import Server, running_server
+
+TEXTS = ["Un homme fait du vélo.", "Deux chiens jouent dans la neige. Il fait froid."]
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("deepl-logs")
+
+
+@pytest.fixture(scope="module")
+def server(fr_en_bundle: Path, logs: Path) -> Iterator[Server]:
+    with running_server(fr_en_bundle, logs, threads=1, default_beam_size=2) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def keyed(fr_en_bundle: Path, logs: Path) -> Iterator[Server]:
+    settings = {"threads": 1, "api_keys": "key-1:fx", "character_limit": 60}
+    with running_server(fr_en_bundle, logs, **settings) as server:
+        yield server
+
+
+def native(server: Server, texts: list[str], beam_size: int = 2) -> list[str]:
+    body = {"text": texts, "source_lang": "fr", "target_lang": "en", "beam_size": beam_size}
+    answer = httpx.post(f"{server.url}/v1/translate", json=body, timeout=60).json()
+    return [t["text"] for t in answer["translations"]]
+
+
+def client(server: Server, key: str = "any-key") -> deepl.Translator:
+    return deepl.Translator(key, server_url=server.url, send_platform_info=False)
+
+
+def test_the_official_client_translates_like_the_native_api(server: Server):
+    translator = client(server)
+    results = translator.translate_text(TEXTS, target_lang="EN-GB", source_lang="FR")
+    assert [r.text for r in results] == native(server, TEXTS)
+    assert {r.detected_source_lang for r in results} == {"FR"}
+    one = translator.translate_text(TEXTS[0], target_lang="EN-US")  # source detected
+    assert one.text == native(server, TEXTS[:1])[0]
+    assert one.detected_source_lang == "FR"
+
+
+def test_languages_and_usage(server: Server):
+    translator = client(server)
+    assert [(lang.code, lang.name) for lang in translator.get_source_languages()] == [
+        ("FR", "French")
+    ]
+    targets = {lang.code: lang.supports_formality for lang in translator.get_target_languages()}
+    assert targets == {"EN-GB": False, "EN-US": False}
+    before = translator.get_usage().character.count
+    translator.translate_text("Bonjour.", target_lang="EN-GB")
+    usage = translator.get_usage()
+    assert usage.character.count == before + len("Bonjour.")
+    assert usage.character.valid and not usage.any_limit_reached
+
+
+def test_an_unknown_language_raises_the_clients_bad_request_error(server: Server):
+    with pytest.raises(deepl.DeepLException, match="Bad request") as raised:
+        client(server).translate_text("Bonjour.", target_lang="DE")
+    assert raised.value.http_status_code == 400
+
+
+def test_options_the_model_cannot_honour_are_refused_and_hints_accepted(server: Server):
+    translator = client(server)
+    with pytest.raises(deepl.DeepLException, match="formality"):
+        translator.translate_text("Bonjour.", target_lang="EN-GB", formality="more")
+    with pytest.raises(deepl.DeepLException, match="tag_handling"):
+        translator.translate_text("<b>Bonjour.</b>", target_lang="EN-GB", tag_handling="xml")
+    hinted = translator.translate_text(
+        TEXTS[0], target_lang="EN-GB", formality="prefer_less", context="Un article de sport."
+    )
+    assert hinted.text == native(server, TEXTS[:1])[0]
+
+
+def test_form_bodies_with_repeated_text_and_split_modes(server: Server, fr_en_bundle: Path):
+    form = {"text": TEXTS, "target_lang": "EN-GB"}  # `text` repeated, as a form sends a list
+    answer = httpx.post(f"{server.url}/v2/translate", data=form, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert [t["text"] for t in answer.json()["translations"]] == native(server, TEXTS)
+    # split_sentences=0: the whole text is one sentence for the model.
+    whole = httpx.post(
+        f"{server.url}/v2/translate",
+        data={"text": TEXTS[1], "target_lang": "EN-GB", "split_sentences": "0"},
+        timeout=60,
+    ).json()["translations"][0]["text"]
+    translator = Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
+    alone = translator.translate([TEXTS[1]], SearchOptions(beam_size=2, max_repeats=3))
+    assert whole == alone[0].text  # one sentence for the model: not what splitting gives
+    assert whole != native(server, TEXTS[1:])[0]
+    missing = httpx.post(f"{server.url}/v2/translate", data={"target_lang": "EN-GB"}, timeout=60)
+    assert missing.status_code == 400
+    assert missing.json() == {"message": "Parameter 'text' not specified."}
+
+
+def test_keys_are_checked_and_the_quota_ends_in_456(keyed: Server):
+    with pytest.raises(deepl.AuthorizationException):
+        client(keyed, "wrong-key").translate_text("Bonjour.", target_lang="EN-GB")
+    translator = client(keyed, "key-1:fx")
+    assert translator.translate_text("Bonjour.", target_lang="EN-GB").text
+    usage = translator.get_usage()
+    assert usage.character.limit == 60
+    with pytest.raises(deepl.QuotaExceededException):
+        for _ in range(10):
+            translator.translate_text("Un homme fait du vélo.", target_lang="EN-GB")
