@@ -104,6 +104,8 @@ def server(model_dir: Path, log_dir: Path, settings: dict[str, object]) -> Itera
         "NMT_HOST": "127.0.0.1",
         "NMT_PORT": str(port),
         "NMT_ACCESS_LOG": "false",
+        # The clients repeat their sentences: the cache would answer them, not the batching.
+        "NMT_CACHE_ENTRIES": "0",
         **{f"NMT_{name.upper()}": str(value) for name, value in settings.items()},
     }
     log_path = log_dir / f"server-{port}.log"

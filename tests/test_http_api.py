@@ -29,6 +29,7 @@ LIMITS = {
     "max_output_length": 40,
     "max_body_bytes": 4000,
     "threads": 1,
+    "cache_entries": 0,  # engine metrics are counted here; tests/test_cache.py has the cache
 }
 
 

@@ -158,7 +158,8 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_64_concurrent_requests_match_sequential_translation_and_are_batched(
     model_dir: Path, logs: Path, reference: dict[str, str]
 ):
-    with running_server(model_dir, logs, max_batch_wait_ms=5) as server:
+    # No cache: repeated sentences must reach the engine, whose batches are counted here.
+    with running_server(model_dir, logs, max_batch_wait_ms=5, cache_entries=0) as server:
         requests, expected = [], []
         for i in range(64):
             first, second = SENTENCES[i % 16], SENTENCES[(i * 7 + 3) % 16]

@@ -23,6 +23,7 @@ from service.http import deepl, libretranslate, routes
 from service.http.middleware import RequestContextMiddleware
 from service.http.pages import add_pages
 from service.serving.access import ApiKeys
+from service.serving.cache import TranslationCache
 from service.serving.errors import InternalError, InvalidInput, ServiceError
 from service.serving.lifecycle import Lifecycle
 from service.serving.metrics import Metrics, package_version
@@ -40,7 +41,8 @@ def create_app(
     metrics = Metrics()
     lifecycle = Lifecycle(on_failed=on_load_failed, grace=settings.shutdown_timeout_seconds)
     registry = ModelRegistry(settings, metrics)
-    service = TranslationService(settings, registry, lifecycle)
+    cache = TranslationCache(settings.cache_entries, settings.cache_bytes, metrics)
+    service = TranslationService(settings, registry, lifecycle, cache)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

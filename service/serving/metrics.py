@@ -116,6 +116,18 @@ class Metrics:
             ["model", "reason"],
             registry=registry,
         )
+        self.cache_lookups = Counter(
+            "nmt_cache_lookups",
+            "sentence lookups in the translation cache, by result (hit or miss)",
+            ["model", "result"],
+            registry=registry,
+        )
+        self.cache_evictions = Counter(
+            "nmt_cache_evictions",
+            "sentences evicted from the translation cache to stay within its bounds",
+            ["model"],
+            registry=registry,
+        )
         self.model_load = Gauge(
             "nmt_model_load_seconds",
             "time to load and warm up a model",
@@ -166,6 +178,14 @@ class Metrics:
     def observe_request(self, route: str, model: str, status: int, seconds: float) -> None:
         self.requests.labels(route, model, str(status)).inc()
         self.request_duration.labels(route, model).observe(seconds)
+
+    def observe_cache(self, model: str, hits: int, misses: int, evictions: int) -> None:
+        if hits:
+            self.cache_lookups.labels(model, "hit").inc(hits)
+        if misses:
+            self.cache_lookups.labels(model, "miss").inc(misses)
+        if evictions:
+            self.cache_evictions.labels(model).inc(evictions)
 
     def observe_model_loaded(self, model: str, seconds: float) -> None:
         self.model_load.labels(model).set(seconds)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from service.runtime.search import Hypothesis, SearchOptions
 from service.runtime.tokenizer import BundleTokenizer
+from service.serving.cache import TranslationCache
 from service.serving.errors import (
     ClientGone,
     DeadlineExceeded,
@@ -76,10 +77,17 @@ class RequestResult:
 class TranslationService:
     """The door the routes go through: admission, model lookup and the request pipeline."""
 
-    def __init__(self, settings: Settings, registry: ModelRegistry, lifecycle: Lifecycle) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: ModelRegistry,
+        lifecycle: Lifecycle,
+        cache: TranslationCache | None = None,
+    ) -> None:
         self.settings = settings
         self.registry = registry
         self.lifecycle = lifecycle
+        self.cache = cache if cache is not None else TranslationCache(0, 0)  # 0: off
         self.characters_translated = 0  # source characters of answered requests, since start
 
     def model_for(self, source_lang: str, target_lang: str) -> LoadedModel:
@@ -120,8 +128,27 @@ class TranslationService:
         deadline: float,
         client_gone: Callable[[], Awaitable[object]] | None,
     ) -> list[list[Hypothesis]]:
-        if not sources:
-            return []
+        cached = self.cache.lookup(model.name, sources, options)
+        missing = [i for i, found in enumerate(cached) if found is None]
+        if missing:  # only what the cache lacks goes through the queue and the engine
+            fresh = await self._decode(
+                model, [sources[i] for i in missing], [owners[i] for i in missing], options,
+                deadline, client_gone,
+            )  # fmt: skip
+            self.cache.store(model.name, [sources[i] for i in missing], options, fresh)
+            for i, hypotheses in zip(missing, fresh, strict=True):
+                cached[i] = hypotheses
+        return cached  # type: ignore[return-value]  # every slot is filled now
+
+    async def _decode(
+        self,
+        model: LoadedModel,
+        sources: list[list[int]],
+        owners: list[int],
+        options: SearchOptions,
+        deadline: float,
+        client_gone: Callable[[], Awaitable[object]] | None,
+    ) -> list[list[Hypothesis]]:
         scheduler = model.scheduler
         job = scheduler.submit(sources, options, deadline)
         watcher = asyncio.ensure_future(client_gone()) if client_gone is not None else None

@@ -99,6 +99,12 @@ class Settings(BaseSettings):
         description="characters the server may translate from start to stop (DeepL's "
         "/v2/usage reports it; 456 or 429 past it); 0: no limit",
     )
+    cache_entries: int = Field(
+        10000, ge=0, description="sentence translations kept in the in-process cache; 0: off"
+    )
+    cache_bytes: int = Field(
+        67_108_864, ge=0, description="memory the translation cache may use (bytes); 0: off"
+    )
     max_repeats: int = Field(
         3,
         ge=0,
