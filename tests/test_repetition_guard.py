@@ -124,3 +124,39 @@ def test_no_beam_hypothesis_repeats_an_ngram_once_too_often(beam_size: int, max_
 def test_without_the_guard_the_loop_runs_to_the_length_limit():
     found = search(LoopingEngine(), [[4] * 20 + [EOS]], SearchOptions(max_length=40))
     assert len(found[0][0].tokens) == 40
+
+
+class RandomEngine(LoopingEngine):
+    """Random top-k over a vocabulary of four tokens: loops everywhere, the corner cases of
+    the guard (every way on repeats something) come often."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def step(self, state, tokens: np.ndarray, top_k: int, want_alignment: bool = False):
+        vocab = np.array([3, 4, 5, EOS])
+        ids = np.stack([self.rng.permutation(vocab)[:top_k] for _ in tokens])
+        log_probs = np.sort(self.rng.uniform(-6, -0.01, (len(tokens), top_k)), axis=1)[:, ::-1]
+        log_probs[ids == EOS] -= 4.0  # </s> rarely wins: long outputs, many repeats
+        order = np.argsort(-log_probs, axis=1, kind="stable")
+        return StepResult(
+            np.take_along_axis(log_probs, order, 1).astype(np.float32),
+            np.take_along_axis(ids, order, 1),
+        )
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_every_sentence_gets_its_hypotheses_whatever_the_model_does(seed: int):
+    rng = random.Random(seed)
+    beam = rng.choice([1, 2, 3])
+    options = SearchOptions(
+        beam_size=beam, n_best=beam, max_repeats=rng.choice([1, 2, 3]), max_length=30
+    )
+    sources = [[4] * rng.randint(3, 20) + [EOS] for _ in range(rng.randint(1, 6))]
+    found = search(RandomEngine(seed), sources, options)
+    assert len(found) == len(sources)
+    for hypotheses in found:
+        assert hypotheses, "a sentence without a hypothesis"
+        for hypothesis in hypotheses:
+            for n in range(1, MAX_REPEAT_NGRAM + 1):
+                assert longest_run(hypothesis.tokens, n) <= options.max_repeats

@@ -286,6 +286,13 @@ def _beam(
             history = np.concatenate([history, padded], axis=1)
         # candidates [live, beams * (K+1)]: a beam's score plus the log-prob of one of its tokens
         candidates = scores[:, :, None] + result.top_log_probs.reshape(live, beams, per_beam)
+        if options.max_repeats and sequences.shape[1]:
+            # A token that would repeat an n-gram once too often is no candidate at all.
+            recent = sequences[:, -_repeat_window(options) :]
+            closers = repeat_closers(recent, options.max_repeats).reshape(live, beams, 1, -1)
+            tokens = result.top_ids.reshape(live, beams, per_beam)
+            closes = (closers == tokens[..., None]).any(axis=3) & (tokens != engine.eos_id)
+            candidates = np.where(closes, -np.inf, candidates)
         candidates = candidates.reshape(live, -1)
         # At most K open ones and one </s> per beam are looked at: 2K, or all there are.
         ranked = min(2 * width, candidates.shape[1])
@@ -295,34 +302,15 @@ def _beam(
         top_token = np.take_along_axis(result.top_ids.reshape(live, -1), top, axis=1)
         at_limit = length >= limits[alive]  # [live]
         valid = top_scores > -np.inf
-        # A candidate whose token would repeat an n-gram once too often is skipped. Only a
-        # sentence left with nothing else, and nothing finished, ends its best such candidate,
-        # before that token (scored without it).
-        looping = np.zeros_like(valid)  # the cornered ones' fallback: end before the loop
-        if options.max_repeats and sequences.shape[1]:
-            recent = sequences[:, -_repeat_window(options) :]
-            closers = repeat_closers(recent, options.max_repeats)[top_row]  # [live, r, N]
-            closes = valid & (closers == top_token[..., None]).any(axis=2)
-            closes &= top_token != engine.eos_id
-            has_finished = np.array([bool(finished[s]) for s in alive])
-            cornered = ~(valid & ~closes).any(axis=1) & ~has_finished
-            looping = closes & cornered[:, None] & (np.cumsum(closes, axis=1) == 1)
-            valid &= ~closes
-        ends = (valid & ((top_token == engine.eos_id) | at_limit[:, None])) | looping
+        ends = valid & ((top_token == engine.eos_id) | at_limit[:, None])
 
         # Candidates that end among the first K are finished hypotheses.
         for j, rank in zip(*np.nonzero(ends[:, :width]), strict=True):
             sentence, row, token = alive[j], top_row[j, rank], top_token[j, rank]
-            body = sequences[row].tolist()
-            score, produced = float(top_scores[j, rank]), length
-            if looping[j, rank]:  # ends before its token: the beam's score so far
-                score, produced = float(scores[j, top[j, rank] // per_beam]), length - 1
-            elif token != engine.eos_id:
-                body.append(int(token))
-            alignment = None
-            if options.alignment:
-                alignment = history[row, :produced, : source_lengths[sentence]]
-            finished[sentence].append(Hypothesis(body, score / produced**penalty, score, alignment))
+            body = sequences[row].tolist() + ([] if token == engine.eos_id else [int(token)])
+            score = float(top_scores[j, rank])
+            alignment = history[row, :, : source_lengths[sentence]] if options.alignment else None
+            finished[sentence].append(Hypothesis(body, score / length**penalty, score, alignment))
             if len(finished[sentence]) >= width:
                 kth_best[sentence] = sorted(h.score for h in finished[sentence])[-width]
 
@@ -337,6 +325,17 @@ def _beam(
         complete = np.isfinite(kth_best[alive])
         cannot_improve = next_scores.max(axis=1) / length**penalty <= kth_best[alive]
         done = at_limit | (complete & cannot_improve) | ~picked.any(axis=1)
+        # Done with nothing finished: every way on would have repeated an n-gram once too
+        # often. Its best beam, as it stands, is its translation.
+        for j in np.flatnonzero(done & ~np.array([bool(finished[s]) for s in alive])):
+            beam = int(np.argmax(scores[j]))
+            row, sentence = j * beams + beam, alive[j]
+            score, produced = float(scores[j, beam]), max(length - 1, 1)
+            alignment = None
+            if options.alignment:
+                alignment = history[row, : length - 1, : source_lengths[sentence]]
+            body = sequences[row].tolist()
+            finished[sentence].append(Hypothesis(body, score / produced**penalty, score, alignment))
         gone = _abandoned_now(abandoned, count)[alive]
         for sentence in alive[gone]:  # no hypothesis for them, not even finished ones
             finished[sentence] = []
