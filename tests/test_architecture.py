@@ -84,6 +84,7 @@ SAMPLES: dict[type, errors.ServiceError] = {
     errors.InvalidApiKey: errors.InvalidApiKey(),
     errors.Overloaded: errors.Overloaded(256, 1),
     errors.QuotaExceeded: errors.QuotaExceeded(100, 100),
+    errors.DetectedLanguageNotServed: errors.DetectedLanguageNotServed("de", 99.0, "en", ["fr"]),
     errors.DeadlineExceeded: errors.DeadlineExceeded(2.0),
     errors.ClientGone: errors.ClientGone("gone"),
     errors.InternalError: errors.InternalError("a bug"),

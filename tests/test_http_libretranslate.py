@@ -101,9 +101,44 @@ def test_alternatives(client: TestClient, translator: Translator):
     assert len(batch["alternatives"]) == 2 and all(len(a) == 1 for a in batch["alternatives"])
 
 
-def test_auto_source_uses_the_only_source_for_the_target(client: TestClient):
-    body = client.post("/translate", json={"q": "Un chat.", "source": "auto", "target": "en"})
-    assert body.json()["detectedLanguage"] == {"confidence": 100.0, "language": "fr"}
+def test_auto_source_detects_the_language(client: TestClient):
+    text = "Un homme fait du vélo dans la rue."
+    body = client.post("/translate", json={"q": text, "source": "auto", "target": "en"}).json()
+    assert body["detectedLanguage"]["language"] == "fr"
+    assert 50 < body["detectedLanguage"]["confidence"] <= 100
+    given = client.post("/translate", json={"q": text, "source": "fr", "target": "en"}).json()
+    assert body["translatedText"] == given["translatedText"]
+
+
+def test_a_detected_language_no_model_translates_is_a_400_naming_it(client: TestClient):
+    german = "Ein Mann fährt mit dem Fahrrad durch die Stadt."
+    answer = client.post("/translate", json={"q": german, "source": "auto", "target": "en"})
+    assert answer.status_code == 400
+    assert "'de'" in answer.json()["error"] and "fr" in answer.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("text", "language"),
+    [
+        ("Deux enfants jouent au ballon sur la plage.", "fr"),
+        ("Zwei Kinder spielen am Strand mit einem Ball.", "de"),
+        ("Two children are playing with a ball on the beach.", "en"),
+    ],
+)
+def test_detect_names_the_language_first(client: TestClient, text: str, language: str):
+    found = client.post("/detect", data={"q": text}).json()
+    assert found[0]["language"] == language
+    assert found[0]["confidence"] >= found[-1]["confidence"]
+    listed = client.post("/detect", json={"q": [text, text]}).json()
+    assert [candidates[0]["language"] for candidates in listed] == [language, language]
+    assert client.post("/detect", json={}).status_code == 400
+
+
+def test_frontend_settings_describe_this_server(client: TestClient):
+    settings = client.get("/frontend/settings").json()
+    assert settings["charLimit"] == SETTINGS["max_chars_per_text"]
+    assert settings["keyRequired"] is False
+    assert settings["language"]["source"]["code"] in ("en", "fr")
 
 
 def test_languages(client: TestClient):

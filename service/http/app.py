@@ -47,7 +47,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loader = threading.Thread(
-            target=_load_models, args=(registry, lifecycle), name="nmt-load", daemon=True
+            target=_load_models, args=(service, lifecycle), name="nmt-load", daemon=True
         )
         loader.start()
         yield
@@ -103,9 +103,11 @@ def create_app(
     return app
 
 
-def _load_models(registry: ModelRegistry, lifecycle: Lifecycle) -> None:
+def _load_models(service: TranslationService, lifecycle: Lifecycle) -> None:
+    registry = service.registry
     try:
         registry.load_all()
+        service.detector.load()  # before ready: the first "auto" request must not wait
     except Exception as error:  # a bad bundle, a missing folder, an ONNX Runtime failure
         log.error("could not load the models: %s", error)
         lifecycle.mark_failed(f"could not load the models: {error}")

@@ -189,7 +189,7 @@ async def _translate(
                 "(NMT_MAX_CHARS_PER_TEXT).",
             )
     target = _target_language(fields.get("target_lang"))
-    source = _source_language(service, fields.get("source_lang"), target)
+    source = await _source_language(service, fields.get("source_lang"), texts, target)
     _refuse_what_cannot_be_honoured(fields)
     split = SPLIT_MODES.get(str(fields.get("split_sentences", "1")).lower())
     if split is None:
@@ -228,24 +228,15 @@ def _target_language(value: Any) -> str:
     return value.strip().split("-")[0].lower()  # EN-GB, EN-US -> en
 
 
-def _source_language(service: TranslationService, value: Any, target: str) -> str:
+async def _source_language(
+    service: TranslationService, value: Any, texts: list[str], target: str
+) -> str:
+    """source_lang as given, or detected on the texts as DeepL does when it is absent."""
     if value:
         if not isinstance(value, str):
             raise DeepLError(400, "Value for 'source_lang' not supported.")
         return value.strip().lower()
-    # No source_lang: DeepL detects it. Without a detector, the only source language that
-    # translates into this target is the answer; several are refused with a clear message.
-    sources = sorted(
-        m.bundle.source_lang for m in service.registry.models if m.bundle.target_lang == target
-    )
-    if len(sources) != 1:
-        raise DeepLError(
-            400,
-            "Value for 'source_lang' required: this server does not detect languages and "
-            f"several (or no) source languages translate into {target.upper()}: "
-            f"{', '.join(s.upper() for s in sources) or 'none'}.",
-        )
-    return sources[0]
+    return (await service.detect_source(texts, target)).language
 
 
 def _refuse_what_cannot_be_honoured(fields: dict[str, Any]) -> None:

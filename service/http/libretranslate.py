@@ -13,6 +13,7 @@ text), and `source` "auto" only works when a single source language translates i
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -20,7 +21,7 @@ from fastapi.responses import JSONResponse
 
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected
 from service.runtime.search import SearchOptions
-from service.serving.access import key_from_headers
+from service.serving.access import ApiKeys, key_from_headers
 from service.serving.errors import (
     InternalError,
     InvalidApiKey,
@@ -121,24 +122,57 @@ def build_router(settings: Settings) -> APIRouter:
         },
     )
     async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
-        try:
-            fields = await _read_fields(request)
-            api_key = fields.get("api_key")
-            keys.check(
-                api_key
-                if isinstance(api_key, str) and api_key
-                else key_from_headers(
-                    request.headers.get("authorization"), request.headers.get("x-api-key")
-                )
-            )
-            return await _translate(service, settings, request, fields)
-        except LibreError as error:
-            request.state.error = error.message
-            return error.response()
-        except ServiceError as error:
-            libre = _as_libre_error(error, request)
-            request.state.error = libre.message
-            return libre.response()
+        return await _answer(
+            request, keys, lambda fields: _translate(service, settings, request, fields)
+        )
+
+    @router.post(
+        "/detect",
+        summary="LibreTranslate-compatible language detection (q)",
+        response_model=None,
+        responses={status: _error_response(LIBRE_ERRORS[status]) for status in (400, 403, 429)},
+    )
+    async def detect(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
+        async def respond(fields: dict[str, Any]) -> JSONResponse:
+            q = fields.get("q")
+            if not q:
+                raise LibreError(400, "Invalid request: missing q parameter")
+            texts = q if isinstance(q, list) else [q]
+            if not all(isinstance(text, str) for text in texts):
+                raise LibreError(400, "Invalid request: q must be a string or a list of strings")
+            _check_limits(texts, settings)
+            found = [
+                [
+                    {"confidence": d.confidence, "language": d.language}
+                    for d in await service.detect(t)
+                ]
+                for t in texts
+            ]
+            return JSONResponse(found if isinstance(q, list) else found[0])
+
+        return await _answer(request, keys, respond)
+
+    @router.get("/frontend/settings", summary="LibreTranslate-compatible front-end settings")
+    async def frontend_settings(service: ServiceDep) -> JSONResponse:
+        sources = sorted({m.bundle.source_lang for m in service.registry.models})
+        targets = sorted({m.bundle.target_lang for m in service.registry.models})
+
+        def language(codes: list[str]) -> dict[str, str]:
+            code = codes[0] if codes else ""
+            return {"code": code, "name": LANGUAGE_NAMES.get(code, code)}
+
+        return JSONResponse(
+            {
+                "charLimit": settings.max_chars_per_text,
+                "frontendTimeout": int(settings.request_timeout_seconds * 1000),
+                "apiKeys": bool(settings.api_key_list),
+                "keyRequired": bool(settings.api_key_list),
+                "suggestions": False,
+                "filesTranslation": False,
+                "supportedFilesFormat": [],
+                "language": {"source": language(sources), "target": language(targets)},
+            }
+        )
 
     @router.get("/languages", summary="LibreTranslate-compatible list of languages")
     async def languages(
@@ -179,6 +213,47 @@ async def _read_fields(request: Request) -> dict[str, Any]:
     return fields
 
 
+async def _answer(
+    request: Request, keys: ApiKeys, respond: Callable[[dict[str, Any]], Awaitable[JSONResponse]]
+) -> JSONResponse:
+    """Read the fields, check the key (`api_key`, or a header), respond; every failure in
+    LibreTranslate's format."""
+    try:
+        fields = await _read_fields(request)
+        api_key = fields.get("api_key")
+        keys.check(
+            api_key
+            if isinstance(api_key, str) and api_key
+            else key_from_headers(
+                request.headers.get("authorization"), request.headers.get("x-api-key")
+            )
+        )
+        return await respond(fields)
+    except LibreError as error:
+        request.state.error = error.message
+        return error.response()
+    except ServiceError as error:
+        libre = _as_libre_error(error, request)
+        request.state.error = libre.message
+        return libre.response()
+
+
+def _check_limits(texts: list[str], settings: Settings) -> None:
+    if len(texts) > settings.max_texts_per_request:
+        raise LibreError(
+            400,
+            f"Invalid request: request ({len(texts)}) exceeds text limit "
+            f"({settings.max_texts_per_request})",
+        )
+    for text in texts:
+        if len(text) > settings.max_chars_per_text:
+            raise LibreError(
+                400,
+                f"Invalid request: request ({len(text)}) exceeds text limit "
+                f"({settings.max_chars_per_text})",
+            )
+
+
 async def _translate(
     service: TranslationService, settings: Settings, request: Request, fields: dict[str, Any]
 ) -> JSONResponse:
@@ -193,19 +268,7 @@ async def _translate(
     for name, value in (("source", source), ("target", target)):
         if not isinstance(value, str):
             raise LibreError(400, f"Invalid request: {name} must be a string")
-    if len(texts) > settings.max_texts_per_request:
-        raise LibreError(
-            400,
-            f"Invalid request: request ({len(texts)}) exceeds text limit "
-            f"({settings.max_texts_per_request})",
-        )
-    for text in texts:
-        if len(text) > settings.max_chars_per_text:
-            raise LibreError(
-                400,
-                f"Invalid request: request ({len(text)}) exceeds text limit "
-                f"({settings.max_chars_per_text})",
-            )
+    _check_limits(texts, settings)
     text_format = fields.get("format") or "text"
     if text_format != "text":
         raise LibreError(400, f"{text_format} format is not supported")
@@ -213,8 +276,9 @@ async def _translate(
 
     detected = None
     if source == "auto":
-        source = _only_source_for(service, target)
-        detected = {"confidence": 100.0, "language": source}
+        found = await service.detect_source(texts, target)
+        source = found.language
+        detected = {"confidence": found.confidence, "language": found.language}
     model = service.model_for(source, target)
     request.state.model = model.name
     options = SearchOptions(
@@ -257,19 +321,6 @@ def _alternatives(value: Any, most: int) -> int:
             400, f"Invalid request: alternatives must be between 0 and {most} (NMT_MAX_BEAM_SIZE)"
         )
     return count
-
-
-def _only_source_for(service: TranslationService, target: str) -> str:
-    sources = sorted(
-        m.bundle.source_lang for m in service.registry.models if m.bundle.target_lang == target
-    )
-    if len(sources) != 1:
-        raise LibreError(
-            400,
-            "auto is not supported: this server does not detect languages; give source "
-            f"(one of: {', '.join(sources) or 'none for this target'})",
-        )
-    return sources[0]
 
 
 def _as_libre_error(error: ServiceError, request: Request) -> LibreError:

@@ -53,6 +53,20 @@ class UnknownPair(ServiceError):
         )
 
 
+class DetectedLanguageNotServed(ServiceError):
+    """Language detection named a language that no model translates into the target."""
+
+    status = 422
+
+    def __init__(self, detected: str, confidence: float, target: str, sources: list[str]) -> None:
+        self.detected = detected
+        super().__init__(
+            f"the text looks like {detected!r} (confidence {confidence:g}%), and no model "
+            f"translates {detected!r} into {target!r}; models into {target!r} translate from: "
+            f"{', '.join(sources) or 'none'}"
+        )
+
+
 class InvalidInput(ServiceError):
     """Input that passed the request schema but not a model-level limit (tokens per sentence).
 

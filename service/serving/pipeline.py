@@ -23,6 +23,7 @@ from service.serving.cache import TranslationCache
 from service.serving.errors import (
     ClientGone,
     DeadlineExceeded,
+    DetectedLanguageNotServed,
     InvalidInput,
     QuotaExceeded,
     RequestTooLarge,
@@ -30,6 +31,7 @@ from service.serving.errors import (
     TranslationFailed,
 )
 from service.serving.input_text import clean_text, has_letters
+from service.serving.language_id import Detection, LanguageDetector
 from service.serving.lifecycle import Lifecycle
 from service.serving.registry import LoadedModel, ModelRegistry
 from service.serving.scheduler import SentenceFailed
@@ -88,11 +90,35 @@ class TranslationService:
         self.registry = registry
         self.lifecycle = lifecycle
         self.cache = cache if cache is not None else TranslationCache(0, 0)  # 0: off
+        self.detector = LanguageDetector()
         self.characters_translated = 0  # source characters of answered requests, since start
 
     def model_for(self, source_lang: str, target_lang: str) -> LoadedModel:
         self.lifecycle.check_accepting()
         return self.registry.get(source_lang, target_lang)
+
+    def sources_for(self, target_lang: str) -> list[str]:
+        """The source languages some model translates into target_lang."""
+        return sorted(
+            m.bundle.source_lang
+            for m in self.registry.models
+            if m.bundle.target_lang == target_lang
+        )
+
+    async def detect(self, text: str) -> list[Detection]:
+        """The likely languages of a text, best first (off the event loop: it is CPU work)."""
+        if len(text) > PREPARE_INLINE_CHARS:
+            return await asyncio.to_thread(self.detector.detect, text)
+        return self.detector.detect(text)
+
+    async def detect_source(self, texts: list[str], target_lang: str) -> Detection:
+        """The source language of a request without one: detected on all its texts together;
+        DetectedLanguageNotServed when no model translates it into target_lang."""
+        best = (await self.detect("\n".join(texts)))[0]
+        sources = self.sources_for(target_lang)
+        if best.language not in sources:
+            raise DetectedLanguageNotServed(best.language, best.confidence, target_lang, sources)
+        return best
 
     async def translate(
         self,
