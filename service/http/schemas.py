@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from service.runtime.search import SearchOptions
-from service.serving.pipeline import RequestResult
+from service.serving.pipeline import RequestResult, SentenceAlignment
 from service.serving.settings import Settings
 
 MAX_LANG_CODE = 16
@@ -152,6 +152,32 @@ class Alignment(BaseModel):
     weights: list[list[float]] = Field(
         description="weights[i][j]: attention of target token i on source token j"
     )
+    source_words: list[str] = Field(default_factory=list, description="source words")
+    target_words: list[str] = Field(default_factory=list, description="target words")
+    word_weights: list[list[float]] = Field(
+        default_factory=list,
+        description="word_weights[i][j]: attention of target word i on source word j (summed "
+        "over the source word's pieces, averaged over the target word's pieces)",
+    )
+    word_alignment: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="hard alignment: (source word, target word) pairs, each target word with "
+        "the source word it attended to most",
+    )
+    moses: str = Field("", description='the hard alignment as Moses writes it: "0-0 1-2 ..."')
+
+    @classmethod
+    def from_result(cls, alignment: SentenceAlignment) -> Alignment:
+        found = cls(
+            source_tokens=alignment.source_tokens,
+            target_tokens=alignment.target_tokens,
+            weights=alignment.weights,
+        )
+        if (words := alignment.words) is not None:
+            found.source_words, found.target_words = words.source_words, words.target_words
+            found.word_weights, found.word_alignment = words.weights, words.pairs
+            found.moses = words.moses
+        return found
 
 
 class Translation(BaseModel):
@@ -185,7 +211,7 @@ class TranslateResponse(BaseModel):
                     Alternative(text=a.text, score=round(a.score, 6)) for a in item.n_best
                 ]
             if request.return_alignment:
-                translation.alignment = [Alignment(**vars(a)) for a in item.alignment]
+                translation.alignment = [Alignment.from_result(a) for a in item.alignment]
             translations.append(translation)
         return cls(
             model=result.model,

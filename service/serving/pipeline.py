@@ -37,6 +37,7 @@ from service.serving.registry import LoadedModel, ModelRegistry
 from service.serving.scheduler import SentenceFailed
 from service.serving.sentences import SplitMode, SplitText, split_text
 from service.serving.settings import Settings
+from service.serving.word_alignment import WordAlignment, word_alignment
 
 WEIGHT_DECIMALS = 3
 # Longer requests are split and tokenized on a worker thread rather than on the event loop.
@@ -57,6 +58,7 @@ class SentenceAlignment:
     source_tokens: list[str]
     target_tokens: list[str]
     weights: list[list[float]]
+    words: WordAlignment | None = None  # the same, by word, with the hard alignment
 
 
 @dataclass
@@ -315,8 +317,12 @@ def _alignment(
     target_pieces = tokenizer.target_pieces(best.tokens)
     if rows > len(target_pieces):  # the last step produced </s>
         target_pieces = [*target_pieces, "</s>"]
+    source_pieces = tokenizer.source_pieces(source)
+    if weights is None:
+        return SentenceAlignment(source_pieces, target_pieces[:rows], [])
     return SentenceAlignment(
-        source_tokens=tokenizer.source_pieces(source),
+        source_tokens=source_pieces,
         target_tokens=target_pieces[:rows],
-        weights=[] if weights is None else weights.astype(float).round(WEIGHT_DECIMALS).tolist(),
+        weights=weights.astype(float).round(WEIGHT_DECIMALS).tolist(),
+        words=word_alignment(source_pieces, target_pieces[:rows], weights, WEIGHT_DECIMALS),
     )
