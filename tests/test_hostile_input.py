@@ -90,10 +90,27 @@ def test_a_lone_surrogate_is_a_clear_422_on_the_native_api(client: TestClient):
     assert "surrogate" in problem["msg"]
 
 
-def test_a_lone_surrogate_is_a_400_on_libretranslate(client: TestClient):
-    response = libre(client, '{"q": "a\\udc00", "source": "fr", "target": "en"}')
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/translate", '{"q": "a\\udc00", "source": "fr", "target": "en"}'),
+        ("/translate", '{"q": ["Bonjour.", "a\\udc00"], "source": "auto", "target": "en"}'),
+        ("/detect", '{"q": "a\\udc00"}'),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_on_libretranslate(client: TestClient, path: str, body: str):
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     assert "surrogate" in response.json()["error"]
+
+
+def test_a_lone_surrogate_is_a_400_on_deepl(client: TestClient):
+    body = '{"text": ["a\\ud800"], "target_lang": "EN-GB"}'
+    response = client.post(
+        "/v2/translate", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    assert "surrogate" in response.json()["message"]
 
 
 @pytest.mark.parametrize("value", ["1e999", "Infinity", "-Infinity", "NaN", "1" * 5000, "2.5"])

@@ -141,13 +141,12 @@ def build_router(settings: Settings) -> APIRouter:
             if not all(isinstance(text, str) for text in texts):
                 raise LibreError(400, "Invalid request: q must be a string or a list of strings")
             _check_limits(texts, settings)
-            found = [
-                [
-                    {"confidence": d.confidence, "language": d.language}
-                    for d in await service.detect(t)
-                ]
-                for t in texts
-            ]
+            found = []
+            for index, text in enumerate(texts):
+                detections = await service.detect(text, index)
+                found.append(
+                    [{"confidence": d.confidence, "language": d.language} for d in detections]
+                )
             return JSONResponse(found if isinstance(q, list) else found[0])
 
         return await _answer(request, keys, respond)

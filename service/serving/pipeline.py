@@ -107,8 +107,10 @@ class TranslationService:
             if m.bundle.target_lang == target_lang
         )
 
-    async def detect(self, text: str) -> list[Detection]:
-        """The likely languages of a text, best first (off the event loop: it is CPU work)."""
+    async def detect(self, text: str, index: int = 0) -> list[Detection]:
+        """The likely languages of a text, best first (off the event loop: it is CPU work).
+        `index`: the text's place in the request, for the error a bad text gets."""
+        text = clean_text(text, index)
         if len(text) > PREPARE_INLINE_CHARS:
             return await asyncio.to_thread(self.detector.detect, text)
         return self.detector.detect(text)
@@ -116,7 +118,8 @@ class TranslationService:
     async def detect_source(self, texts: list[str], target_lang: str) -> Detection:
         """The source language of a request without one: detected on all its texts together;
         DetectedLanguageNotServed when no model translates it into target_lang."""
-        best = (await self.detect("\n".join(texts)))[0]
+        cleaned = [clean_text(text, index) for index, text in enumerate(texts)]
+        best = (await self.detect("\n".join(cleaned)))[0]
         sources = self.sources_for(target_lang)
         if best.language not in sources:
             raise DetectedLanguageNotServed(best.language, best.confidence, target_lang, sources)
