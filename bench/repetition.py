@@ -81,8 +81,9 @@ def main() -> None:
         "## Repetition guard: BLEU cost and loops stopped",
         "",
         "`python -m bench.repetition --model-dir build/models/fr-en` (the committed model, fp32; "
-        "sacrebleu BLEU, same engine, one run). `NMT_MAX_REPEATS=k` stops a translation before "
-        "an n-gram of up to 4 tokens occurs more than k times in a row; the server's default "
+        "sacrebleu BLEU, same engine, one run). `NMT_MAX_REPEATS=k` never lets an n-gram of up to "
+        "4 tokens occur more than k times in a row (the search takes the next best token "
+        "instead; a translation with nothing else ends before the loop); the server's default "
         "is 3.",
         "",
         f"| split | search | {header} |",
