@@ -226,3 +226,11 @@ def test_control_characters_are_read_as_spaces(client: TestClient):
 def tokenize(client: TestClient, sentences: list[str]) -> list[list[int]]:
     model = client.app.state.service.registry.get("fr", "en")
     return model.translator.tokenizer.encode(sentences)
+
+
+def test_a_long_run_of_one_symbol_is_read_as_three(client: TestClient):
+    """Each "!" was a token, and the model looped on them to the length limit."""
+    loud = native(client, "Un chat dort" + "!" * 185).json()["translations"][0]["text"]
+    calm = native(client, "Un chat dort!!!").json()["translations"][0]["text"]
+    assert loud == calm
+    assert native(client, "🙂🙂🙂🙂🙂").json()["translations"][0]["text"] == "🙂🙂🙂🙂🙂"

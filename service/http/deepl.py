@@ -73,23 +73,22 @@ def build_router(settings: Settings) -> APIRouter:
     async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
         return await _answer(request, keys, lambda fields: _translate(service, request, fields))
 
-    for method in ("GET", "POST"):
-        router.add_api_route(
-            "/v2/languages",
-            _languages_route(),
-            methods=[method],
-            summary="DeepL-compatible list of languages (type=source|target)",
-            response_model=None,
-            responses={403: _error_doc(DEEPL_ERRORS[403])},
-        )
-        router.add_api_route(
-            "/v2/usage",
-            _usage_route(settings),
-            methods=[method],
-            summary="DeepL-compatible usage: characters translated and the limit",
-            response_model=None,
-            responses={403: _error_doc(DEEPL_ERRORS[403])},
-        )
+    router.add_api_route(
+        "/v2/languages",
+        _languages_route(),
+        methods=["GET", "POST"],
+        summary="DeepL-compatible list of languages (type=source|target)",
+        response_model=None,
+        responses={403: _error_doc(DEEPL_ERRORS[403])},
+    )
+    router.add_api_route(
+        "/v2/usage",
+        _usage_route(settings),
+        methods=["GET", "POST"],
+        summary="DeepL-compatible usage: characters translated and the limit",
+        response_model=None,
+        responses={403: _error_doc(DEEPL_ERRORS[403])},
+    )
     return router
 
 
@@ -305,7 +304,7 @@ _REQUEST_BODY = {
                 "type": "object",
                 "required": ["text", "target_lang"],
                 "properties": {
-                    "text": {"type": "array", "items": {"type": "string"}},
+                    "text": {"type": "array", "items": {"type": "string"}, "minItems": 1},
                     "target_lang": {"type": "string", "example": "EN-GB"},
                     "source_lang": {"type": "string", "example": "FR"},
                     "split_sentences": {"type": "string", "enum": ["0", "1", "nonewlines"]},

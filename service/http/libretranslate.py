@@ -91,8 +91,12 @@ def build_router(settings: Settings) -> APIRouter:
                             "properties": {
                                 "q": {
                                     "oneOf": [
-                                        {"type": "string"},
-                                        {"type": "array", "items": {"type": "string"}},
+                                        {"type": "string", "minLength": 1},
+                                        {
+                                            "type": "array",
+                                            "items": {"type": "string"},
+                                            "minItems": 1,
+                                        },
                                     ]
                                 },
                                 "source": {"type": "string", "example": "fr"},

@@ -101,9 +101,12 @@ def translate_request_model(settings: Settings) -> type[TranslateRequestBase]:
             le=10.0,
             description="hypotheses are ranked by log-prob / length ** length_penalty",
         )
-        return_scores: bool = Field(False, description="add each translation's score")
+        # Strict: JSON true or false only (not 0, 1 or "yes"), as the schema says.
+        return_scores: bool = Field(False, strict=True, description="add each translation's score")
         return_alignment: bool = Field(
-            False, description="add per-sentence cross-attention (source x target weights)"
+            False,
+            strict=True,
+            description="add per-sentence cross-attention (source x target weights)",
         )
 
         @field_validator("text")

@@ -4,6 +4,9 @@
   so such a text is refused with a 422 that says where, rather than failing deep inside.
 * Control characters (C0 and C1, but tab, line feed and carriage return) carry no meaning a
   translation can keep, and invent words when fed to the model: each becomes a space.
+* A run of one symbol (`!!!!!!`, `))))))`) longer than three is read as three: the model
+  turns each extra mark into a token and the whole into a loop that runs to the length limit
+  (a short request then held the model for seconds).
 * A sentence with no letter at all (emoji, numbers, punctuation, symbols) is returned
   unchanged instead of being decoded, as DeepL and Google do: a model trained on captions
   turns such input into fluent inventions.
@@ -17,6 +20,9 @@ from service.serving.errors import InvalidInput
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# One character that is neither a letter, a digit nor a space, four times or more in a row.
+_SYMBOL_RUN = re.compile(r"([^\w\s])\1{3,}")
+SYMBOL_RUN_KEPT = 3
 
 
 def clean_text(text: str, index: int) -> str:
@@ -30,6 +36,12 @@ def clean_text(text: str, index: int) -> str:
             "invalid_unicode",
         )
     return _CONTROL.sub(" ", text)
+
+
+def model_input(sentence: str) -> str:
+    """What the model is given for a sentence that has letters: runs of one symbol cut to
+    three. (A sentence without letters never reaches the model: it comes back as it was.)"""
+    return _SYMBOL_RUN.sub(lambda run: run.group(1) * SYMBOL_RUN_KEPT, sentence)
 
 
 def has_letters(sentence: str) -> bool:

@@ -30,7 +30,7 @@ from service.serving.errors import (
     ShuttingDown,
     TranslationFailed,
 )
-from service.serving.input_text import clean_text, has_letters
+from service.serving.input_text import clean_text, has_letters, model_input
 from service.serving.language_id import Detection, LanguageDetector
 from service.serving.lifecycle import Lifecycle
 from service.serving.registry import LoadedModel, ModelRegistry
@@ -251,7 +251,7 @@ def _prepare(
                 slots[-1].append(None)
                 continue
             slots[-1].append(len(sentences))
-            sentences.append(sentence)
+            sentences.append(model_input(sentence))
             owners.append(text_index)
     sources = model.translator.tokenizer.encode(sentences) if sentences else []
     limit = model.max_tokens_per_sentence
