@@ -7,7 +7,7 @@ MODEL ?= models/fr-en
 BUNDLES ?= build/models
 BUNDLE := $(BUNDLES)/$(notdir $(MODEL))
 
-.PHONY: serve translate bundle test test-slow test-all bench clean
+.PHONY: serve translate bundle test test-slow test-all bench clean loadtest
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,19 @@ test-slow: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q -m slow || [ $$? -eq 5 ]  # 5: no test is marked slow
 
 test-all: test test-slow
+
+# Locust into the same venv, but only ever run as its own process (loadtest/run.py).
+$(VENV)/.loadtest-installed: pyproject.toml | $(VENV)/.dev-installed
+	$(BIN)/pip install --quiet -e '.[loadtest]'
+	touch $@
+
+## Load test: a local server, Locust headless for LOADTEST_TIME, reports under reports/loadtest/
+## (CSV, HTML, summary); fails on any failed request. LOADTEST_ARGS adds run.py options.
+LOADTEST_TIME ?= 30s
+LOADTEST_USERS ?= 8
+loadtest: $(BUNDLE)/bundle.json $(VENV)/.loadtest-installed
+	$(BIN)/python loadtest/run.py --model-dir $(BUNDLES) --users $(LOADTEST_USERS) \
+		--run-time $(LOADTEST_TIME) $(LOADTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache
