@@ -107,7 +107,9 @@ def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
 def _cmd_export(args: argparse.Namespace) -> int:
     from export.onnx_export import export_bundle
 
-    manifest = export_bundle(args.checkpoint, args.out, int8=args.int8)
+    manifest = export_bundle(
+        args.checkpoint, args.out, int8=args.int8, serving_only=args.serving_only
+    )
     print(json.dumps({"out": str(args.out), "files": sorted(manifest["files"])}))
     return 0
 
@@ -243,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", type=Path, default=Path("models/fr-en"))
     export.add_argument("--out", type=Path, required=True, help="bundle directory to write")
     export.add_argument("--int8", action="store_true", help="also write int8 quantized graphs")
+    export.add_argument(
+        "--serving-only",
+        action="store_true",
+        help="leave out the no-cache decoder, which only benchmarks use (a smaller bundle)",
+    )
 
     translate = subparsers.add_parser(
         "translate", help="translate stdin, one sentence per line, to stdout in the same order"

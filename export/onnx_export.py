@@ -165,8 +165,9 @@ def _export(module: nn.Module, args: tuple, path: Path, names: dict, dynamic: di
     onnx.checker.check_model(str(path), full_check=True)
 
 
-def export_graphs(model: Transformer, out_dir: Path) -> list[str]:
-    """Write the fp32 graphs; returns their file names."""
+def export_graphs(model: Transformer, out_dir: Path, nocache: bool = True) -> list[str]:
+    """Write the fp32 graphs; returns their file names. `nocache`: also the no-cache decoder,
+    which only benchmarks use (what the KV cache buys)."""
     model.eval()
     x = _example_inputs(model)
     layers = model.config.decoder_layers
@@ -201,6 +202,8 @@ def export_graphs(model: Transformer, out_dir: Path) -> list[str]:
             | dict.fromkeys(cross_names, cross)
             | dict.fromkeys(present_names, present),
         )
+        if not nocache:
+            return ["encoder.onnx", "decoder.onnx"]
         _export(
             DecoderNoCacheGraph(model),
             (x["target_prefix"], x["source_mask"], x["top_k"], *x["cross"]),
@@ -237,15 +240,18 @@ def quantize_graph(fp32_path: Path) -> Path:
     return int8_path
 
 
-def export_bundle(checkpoint: Path, out_dir: Path, int8: bool = False) -> dict:
-    """Export a model directory to a bundle at out_dir (replaced atomically)."""
+def export_bundle(
+    checkpoint: Path, out_dir: Path, int8: bool = False, serving_only: bool = False
+) -> dict:
+    """Export a model directory to a bundle at out_dir (replaced atomically).
+    `serving_only` leaves out the benchmark-only no-cache decoder (a smaller image)."""
     model, tokenizer = load_model_dir(checkpoint)
     config = model.config
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
-        files = export_graphs(model, staging)
+        files = export_graphs(model, staging, nocache=not serving_only)
         if int8:
             files += [quantize_graph(staging / name).name for name in files]
         # Every tokenizer file under its own name, recorded by role ("source", "target", ...).
@@ -277,7 +283,7 @@ def export_bundle(checkpoint: Path, out_dir: Path, int8: bool = False) -> dict:
             "graphs": {
                 "encoder": "encoder.onnx",
                 "decoder": "decoder.onnx",
-                "decoder_nocache": "decoder_nocache.onnx",
+                **({} if serving_only else {"decoder_nocache": "decoder_nocache.onnx"}),
             },
             "int8": int8,
             "export": {

@@ -230,3 +230,19 @@ def test_the_step_timing_benchmark_runs_on_a_bundle(tiny_bundle: Path) -> None:
     assert set(table) == {True, False}  # cached and not
     for timings in table.values():
         assert set(timings) == {1, 3} and min(timings.values()) > 0
+
+
+def test_a_serving_only_bundle_has_no_benchmark_graph_and_says_so(
+    tiny_checkpoint: Path, tiny_bundle: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "serving"
+    manifest = export_bundle(tiny_checkpoint, out, int8=True, serving_only=True)
+    assert not any("nocache" in name for name in manifest["files"])
+    bundle = load_bundle(out)  # its checksums cover what it has, and only that
+    sources = random_sources(3, 400, seed=3)
+    options = SearchOptions(beam_size=2, max_length=12)
+    served = search(Engine(bundle), sources, options)
+    full = search(Engine(load_bundle(tiny_bundle)), sources, options)
+    assert [h[0].tokens for h in served] == [h[0].tokens for h in full]
+    with pytest.raises(BundleError, match="serving-only"):
+        Engine(bundle, EngineOptions(use_cache=False))

@@ -44,6 +44,11 @@ class Bundle:
 
     def graph(self, role: str, int8: bool = False) -> Path:
         """Path of a graph ("encoder", "decoder", "decoder_nocache"), fp32 or int8."""
+        if role not in self.manifest["graphs"]:
+            raise BundleError(
+                f"{self.path} has no {role} graph (exported with --serving-only): "
+                "re-export it without that option"
+            )
         name = self.manifest["graphs"][role]
         if int8:
             if not self.has_int8:
