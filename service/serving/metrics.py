@@ -61,6 +61,12 @@ class Metrics:
         self.queue_depth = Gauge(
             "nmt_queue_depth", "sentences waiting for a batch", ["model"], registry=registry
         )
+        self.queue_capacity = Gauge(
+            "nmt_queue_capacity",
+            "sentences the queue may hold (NMT_MAX_QUEUE_SENTENCES); past it, 429",
+            ["model"],
+            registry=registry,
+        )
         self.queue_wait = Histogram(
             "nmt_queue_wait_seconds",
             "time a sentence waited in the queue before its batch started",
@@ -187,5 +193,6 @@ class Metrics:
         if evictions:
             self.cache_evictions.labels(model).inc(evictions)
 
-    def observe_model_loaded(self, model: str, seconds: float) -> None:
+    def observe_model_loaded(self, model: str, seconds: float, queue_capacity: int) -> None:
         self.model_load.labels(model).set(seconds)
+        self.queue_capacity.labels(model).set(queue_capacity)

@@ -142,7 +142,7 @@ class ModelRegistry:
         scheduler.start()
         seconds = time.monotonic() - started
         if self.metrics:
-            self.metrics.observe_model_loaded(bundle.name, seconds)
+            self.metrics.observe_model_loaded(bundle.name, seconds, limits.max_queued)
         # The encoder has max_positions positions; longer sentences cannot be encoded at all.
         token_limit = min(settings.max_tokens_per_sentence, bundle.dims["max_positions"])
         return LoadedModel(bundle, translator, scheduler, token_limit, seconds)
