@@ -147,11 +147,13 @@ def run_overload(
     sentences_per_request: int = 4,
     max_in_flight: int = 1000,
     seed: int = 4,
+    server_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     settings = {
         "max_queue_sentences": queue_sentences,
         "request_timeout_seconds": deadline,
         "cache_entries": 0,  # every request decoded: the model's capacity, not the cache's
+        **(server_settings or {}),  # e.g. threads, thread_spinning: to compare server set-ups
     }
     sentences = sentences_per_request
     spawn = get_context("spawn")

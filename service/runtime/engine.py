@@ -33,6 +33,9 @@ class EngineOptions:
     int8: bool = False
     intra_op_threads: int = 0  # 0 = ONNX Runtime's default (one per core)
     use_cache: bool = True  # False: the no-cache decoder (benchmarks only)
+    # ONNX Runtime's intra-op threads spin while waiting for work between runs: faster steps,
+    # but cores burnt that a server's event loop needs. Off: they sleep instead.
+    spinning: bool = True
 
 
 def session_options(options: EngineOptions) -> ort.SessionOptions:
@@ -42,6 +45,9 @@ def session_options(options: EngineOptions) -> ort.SessionOptions:
     settings.inter_op_num_threads = 1
     settings.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     settings.log_severity_level = 3
+    settings.add_session_config_entry(
+        "session.intra_op.allow_spinning", "1" if options.spinning else "0"
+    )
     return settings
 
 

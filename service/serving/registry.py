@@ -121,7 +121,12 @@ class ModelRegistry:
         started = time.monotonic()
         bundle = load_bundle(path)
         translator = Translator(
-            bundle, EngineOptions(int8=settings.int8, intra_op_threads=settings.threads)
+            bundle,
+            EngineOptions(
+                int8=settings.int8,
+                intra_op_threads=settings.threads,
+                spinning=settings.thread_spinning,
+            ),
         )
         if settings.warmup:
             _warm_up(translator, settings.default_beam_size)

@@ -26,6 +26,11 @@ class Settings(BaseSettings):
     threads: int = Field(
         0, ge=0, description="ONNX Runtime intra-op threads per model (0 = one per core)"
     )
+    thread_spinning: bool = Field(
+        True,
+        description="ONNX Runtime threads spin between decoder steps (faster steps; off leaves "
+        "CPU to the HTTP side under load)",
+    )
     warmup: bool = Field(True, description="translate a few sentences per model before ready")
 
     # HTTP
