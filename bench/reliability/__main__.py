@@ -6,6 +6,7 @@ JSON and write its section of docs/reliability.md.
     .venv/bin/python -m bench.reliability overload --seconds 60
     .venv/bin/python -m bench.reliability sigterm
     .venv/bin/python -m bench.reliability soak --minutes 10
+    .venv/bin/python -m bench.reliability setups --seconds 25   # threads and spinning compared
     .venv/bin/python -m bench.reliability all --short   # the CI form, a few minutes
 """
 
@@ -19,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.reliability import fuzz, hostile, overload, sigterm, soak
+from bench.reliability import fuzz, hostile, overload, setups, sigterm, soak
 from bench.reliability.report import write_section
 from bench.reliability.server import BUNDLES, ROOT, ensure_bundle
 from bench.reliability.short import SHORT, markdown_short
@@ -32,6 +33,7 @@ MARKDOWN: dict[str, Callable[[dict[str, Any]], str]] = {
     "overload": overload.markdown,
     "sigterm": sigterm.markdown,
     "soak": soak.markdown,
+    "setups": setups.markdown,
 }
 
 
@@ -71,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     steady.add_argument("--minutes", type=float, default=10.0)
     steady.add_argument("--warmup-seconds", type=float, default=60.0)
     steady.add_argument("--window-seconds", type=float, default=60.0)
+    compared = commands.add_parser("setups", help="overload against servers set up differently")
+    compared.add_argument("--seconds", type=float, default=25.0)
     everything = commands.add_parser("all", help="every measurement in turn")
     everything.add_argument("--short", action="store_true", help="the CI form (a few minutes)")
     return parser
@@ -86,6 +90,7 @@ RUNNERS: dict[str, Runner] = {
     ),
     "sigterm": lambda m, w, a: sigterm.run_sigterm(m, w),
     "soak": lambda m, w, a: soak.run_soak(m, w, a.minutes * 60, a.warmup_seconds, a.window_seconds),
+    "setups": lambda m, w, a: setups.run_setups(m, w, a.seconds),
 }
 
 

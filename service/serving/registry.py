@@ -124,7 +124,7 @@ class ModelRegistry:
             bundle,
             EngineOptions(
                 int8=settings.int8,
-                intra_op_threads=settings.threads,
+                intra_op_threads=settings.engine_threads,
                 spinning=settings.thread_spinning,
             ),
         )

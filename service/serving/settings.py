@@ -6,6 +6,7 @@ called. The field descriptions are that documentation: keep them short and exact
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -24,10 +25,13 @@ class Settings(BaseSettings):
     )
     int8: bool = Field(False, description="serve the int8 graphs (bundles exported with --int8)")
     threads: int = Field(
-        0, ge=0, description="ONNX Runtime intra-op threads per model (0 = one per core)"
+        0,
+        ge=0,
+        description="ONNX Runtime intra-op threads per model (0 = one per core, less one left "
+        "to the HTTP side, at least 1)",
     )
     thread_spinning: bool = Field(
-        True,
+        False,
         description="ONNX Runtime threads spin between decoder steps (faster steps; off leaves "
         "CPU to the HTTP side under load)",
     )
@@ -149,6 +153,13 @@ class Settings(BaseSettings):
                 f"NMT_MAX_BEAM_SIZE={self.max_beam_size}"
             )
         return self
+
+    @property
+    def engine_threads(self) -> int:
+        """NMT_THREADS, or for 0 every core but one: under overload the event loop, which
+        answers 429s and health checks, needs a core the engine does not take (measured in
+        docs/reliability.md, "Server set-ups under overload")."""
+        return self.threads or max(1, (os.cpu_count() or 1) - 1)
 
     @property
     def api_key_list(self) -> list[str]:
