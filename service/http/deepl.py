@@ -21,10 +21,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected
+from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
 from service.http.libretranslate import LANGUAGE_NAMES
 from service.runtime.search import SearchOptions
-from service.serving.access import ApiKeys, key_from_headers
+from service.serving.access import ApiKeys
 from service.serving.errors import (
     InternalError,
     InvalidApiKey,
@@ -126,9 +126,7 @@ async def _answer(
     try:
         fields = await _read_fields(request)
         auth_key = fields.get("auth_key")  # DeepL's deprecated form field
-        presented = key_from_headers(
-            request.headers.get("authorization"), request.headers.get("x-api-key")
-        ) or (auth_key if isinstance(auth_key, str) else None)
+        presented = header_key(request) or (auth_key if isinstance(auth_key, str) else None)
         keys.check(presented)
         return await respond(fields)
     except DeepLError as error:

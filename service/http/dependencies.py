@@ -24,12 +24,14 @@ def api_keys(request: Request) -> ApiKeys:
     return request.app.state.api_keys
 
 
+def header_key(request: Request) -> str | None:
+    """The API key a request carries in its headers, if any (every dialect accepts these)."""
+    return key_from_headers(request.headers.get("authorization"), request.headers.get("x-api-key"))
+
+
 def require_api_key(request: Request) -> None:
     """A route dependency: the request carries a valid key, or NMT_API_KEYS is empty."""
-    presented = key_from_headers(
-        request.headers.get("authorization"), request.headers.get("x-api-key")
-    )
-    api_keys(request).check(presented)
+    api_keys(request).check(header_key(request))
 
 
 def require_api_key_for_metrics(request: Request) -> None:

@@ -19,9 +19,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected
+from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
 from service.runtime.search import SearchOptions
-from service.serving.access import ApiKeys, key_from_headers
+from service.serving.access import ApiKeys
 from service.serving.errors import (
     InternalError,
     InvalidApiKey,
@@ -224,13 +224,7 @@ async def _answer(
     try:
         fields = await _read_fields(request)
         api_key = fields.get("api_key")
-        keys.check(
-            api_key
-            if isinstance(api_key, str) and api_key
-            else key_from_headers(
-                request.headers.get("authorization"), request.headers.get("x-api-key")
-            )
-        )
+        keys.check(api_key if isinstance(api_key, str) and api_key else header_key(request))
         return await respond(fields)
     except LibreError as error:
         request.state.error = error.message

@@ -110,7 +110,9 @@ class TranslationService:
     async def detect(self, text: str, index: int = 0) -> list[Detection]:
         """The likely languages of a text, best first (off the event loop: it is CPU work).
         `index`: the text's place in the request, for the error a bad text gets."""
-        text = clean_text(text, index)
+        return await self._detect_clean(clean_text(text, index))
+
+    async def _detect_clean(self, text: str) -> list[Detection]:
         if len(text) > PREPARE_INLINE_CHARS:
             return await asyncio.to_thread(self.detector.detect, text)
         return self.detector.detect(text)
@@ -119,7 +121,7 @@ class TranslationService:
         """The source language of a request without one: detected on all its texts together;
         DetectedLanguageNotServed when no model translates it into target_lang."""
         cleaned = [clean_text(text, index) for index, text in enumerate(texts)]
-        best = (await self.detect("\n".join(cleaned)))[0]
+        best = (await self._detect_clean("\n".join(cleaned)))[0]
         sources = self.sources_for(target_lang)
         if best.language not in sources:
             raise DetectedLanguageNotServed(best.language, best.confidence, target_lang, sources)
