@@ -108,7 +108,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from export.onnx_export import export_bundle
 
     manifest = export_bundle(
-        args.checkpoint, args.out, int8=args.int8, serving_only=args.serving_only
+        args.checkpoint,
+        args.out,
+        int8=args.int8,
+        serving_only=args.serving_only,
+        description=args.description,
     )
     print(json.dumps({"out": str(args.out), "files": sorted(manifest["files"])}))
     return 0
@@ -179,7 +183,9 @@ def _cmd_import_marian(args: argparse.Namespace) -> int:
     from export.marian import MarianInteropError, import_marian
 
     try:
-        config = import_marian(args.hf_dir, args.out, args.source_lang, args.target_lang)
+        config = import_marian(
+            args.hf_dir, args.out, args.source_lang, args.target_lang, args.description
+        )
     except MarianInteropError as error:
         print(f"nmt import-marian: {error}", file=sys.stderr)
         return 2
@@ -213,6 +219,11 @@ def _add_marian_and_bench(subparsers: argparse._SubParsersAction) -> None:
     import_marian.add_argument("--out", type=Path, required=True, help="model directory to write")
     import_marian.add_argument("--source-lang", help="default: from tokenizer_config.json")
     import_marian.add_argument("--target-lang", help="default: from tokenizer_config.json")
+    import_marian.add_argument(
+        "--description",
+        help="what the model was trained on and is for (written to description.txt; default: "
+        "its name and the training data its README.md names)",
+    )
 
     export_marian = subparsers.add_parser(
         "export-marian", help="our model directory -> a Hugging Face Marian directory"
@@ -249,6 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--serving-only",
         action="store_true",
         help="leave out the no-cache decoder, which only benchmarks use (a smaller bundle)",
+    )
+    export.add_argument(
+        "--description",
+        help="what the model was trained on and is for, shown by /v1/models and the web page "
+        "(default: the checkpoint's description.txt)",
     )
 
     translate = subparsers.add_parser(

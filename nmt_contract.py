@@ -17,7 +17,9 @@ from typing import Any
 # 2: decoder graphs select the top-k in the graph
 # 3: caches per layer; cross keys/values per source, shared by the beams of a sentence;
 #    only the top-k log-probs come out (no [B, V] output)
-BUNDLE_FORMAT = 3
+# 4: the decoder step takes past_mask [rows, P] and positions [rows] (rows of a running batch
+#    joined at different steps) and also returns every layer's cross-attention `attention`
+BUNDLE_FORMAT = 4
 
 
 def layer_names(kind: str, layers: int) -> list[str]:
@@ -48,8 +50,12 @@ class Hypothesis:
     tokens: list[int]  # without the final </s>
     score: float  # log_prob / length ** length_penalty: what hypotheses are ranked by
     log_prob: float  # sum of token log-probs, </s> included when the sentence ended
-    # [produced tokens, source tokens] cross-attention weights (numpy), when asked for
+    # [produced tokens, source tokens] cross-attention weights (numpy), when asked for: one
+    # decoder layer's (the last unless asked otherwise), averaged over its heads
     alignment: Any = None
+    # [produced tokens, heads, source tokens]: the same layer's weights head by head, when
+    # asked for
+    head_alignment: Any = None
 
 
 def split_language_code(text: str) -> tuple[list[str], str]:

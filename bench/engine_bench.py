@@ -9,6 +9,7 @@ each is repeated and the median kept. Writes docs/benchmarks.md (the engine sect
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import statistics
 import time
@@ -62,10 +63,10 @@ def step_time_by_prefix(bundle, sources, rows: int, lengths=(1, 10, 20, 40, 80),
         timings = {}
         for position in range(1, max(lengths) + 1):
             if position in lengths:
-                saved = (state.past, state.prefix)
+                saved = dataclasses.replace(state)  # a step replaces the arrays, never edits
                 samples = []
                 for _ in range(repeat):
-                    state.past, state.prefix = saved
+                    state = dataclasses.replace(saved)
                     started = time.perf_counter()
                     engine.step(state, tokens, top_k=1)
                     samples.append(time.perf_counter() - started)

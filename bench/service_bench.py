@@ -1,19 +1,23 @@
-"""Service throughput and latency, dynamic batching on vs off, side by side in one run.
+"""Service throughput and latency: continuous vs request-level batching, side by side in one run.
 
     nice -n 10 .venv/bin/python -m bench.service_bench
 
-Starts three `nmt serve` processes on free loopback ports (all serving the same bundles: the
-committed checkpoint, exported to a temporary folder, unless --model-dir is given): two batch
-(NMT_MAX_BATCH_WAIT_MS=5 and 0) and one has NMT_MAX_BATCH_SIZE=1, every sentence decoded alone.
-For each beam size and 1, 8 and 32 concurrent clients it sends each server the same bounded set
-of one-sentence requests (Multi30k test sentences when they are there) with httpx async clients.
-The work alternates between the servers in halves, in mirrored order (A, B, C, C, B, A), so
-that a change in background load hits all alike. Before that, it times the engine alone, in
-process, on the same sentences at batch sizes 1, 8 and 32: the ceiling that batching in the
-service can reach.
-Writes the "service" section of docs/benchmarks.md.
+Starts two `nmt serve` processes on free loopback ports, serving the same bundle (the committed
+checkpoint, exported to a temporary folder, unless --model-dir is given): NMT_BATCHING=request
+(a batch is decoded to its end before the next starts) and NMT_BATCHING=continuous (sentences
+join and leave the running batch between decoder steps). Both get the same engine threads.
 
-A benchmark, not a test: it reports what it measured and asserts nothing.
+* Closed loop: 1, 8, 32 and 64 clients, greedy, each sending its next one-sentence request when
+  the previous one is answered. The work alternates between the servers in halves, in mirrored
+  order (A, B, B, A), so that a change in background load hits both alike.
+* Open loop: Poisson arrivals at 50%, 70% and 90% of the measured capacity (the closed-loop
+  throughput of the lower of the two at 64 clients on the same mix), the same arrival times
+  and requests for both servers: sentences of every length, half greedy and half beam 4.
+* The engine alone, in process, on the same sentences at batch 1 and 32 with the same threads:
+  the ceiling that batching in the service can reach.
+
+Writes the "service" section of docs/benchmarks.md. A benchmark, not a test: it reports what
+it measured and asserts nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import asyncio
 import os
 import platform
+import random
 import shlex
 import signal
 import socket
@@ -29,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,35 +59,29 @@ FALLBACK_SENTENCES = [
     "Un homme fait du vélo sur une route de montagne.",
     "Des gens sont assis à une table dans un restaurant.",
 ]
-# Servers compared side by side: batching (the default batch size) with two waits, and none.
-WAIT, NO_WAIT, OFF = "wait 5 ms", "no wait", "off"
-CONFIGURATIONS = {
-    WAIT: {"max_batch_wait_ms": 5},
-    NO_WAIT: {"max_batch_wait_ms": 0},
-    OFF: {"max_batch_size": 1},
-}
-ENGINE_BATCHES = (1, 8, 32)
+REQUEST, CONTINUOUS = "request", "continuous"
+SERVERS = (REQUEST, CONTINUOUS)
+MIX = (1, 4)  # open loop: half greedy, half beam 4
 
 
 @dataclass
 class Run:
-    beam: int
-    clients: int
     batching: str
+    label: str  # "32 clients" or "70% load"
     requests: int = 0
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
-    sentences: float = 0.0
-    batches: float = 0.0
     errors: int = 0
+    steps: float = 0.0  # decoder steps the server ran
+    sentence_steps: float = 0.0  # sentences decoded at those steps, summed
 
     @property
     def throughput(self) -> float:
         return self.requests / self.seconds
 
     @property
-    def mean_batch(self) -> float:
-        return self.sentences / self.batches if self.batches else float("nan")
+    def occupancy(self) -> float:
+        return self.sentence_steps / self.steps if self.steps else float("nan")
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -131,39 +130,35 @@ def _ready(url: str) -> bool:
         return False
 
 
-def batch_totals(url: str) -> tuple[float, float]:
-    """(batches, sentences) the server has decoded so far, from its Prometheus metrics."""
-    batches = sentences = 0.0
+def counters(url: str) -> dict[str, float]:
+    """The server's counters that give the mean occupancy (sentences per decoder step)."""
+    found = {"nmt_decode_steps_total": 0.0, "nmt_output_tokens_total": 0.0}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
         for sample in family.samples:
-            if sample.name == "nmt_batch_sentences_count":
-                batches += sample.value
-            elif sample.name == "nmt_batch_sentences_sum":
-                sentences += sample.value
-    return batches, sentences
+            if sample.name in found:
+                found[sample.name] += sample.value
+    return found
 
 
-async def load(
-    url: str, sentences: list[str], clients: int, requests: int, beam: int
+def payload(text: str, beam: int) -> dict:
+    return {"text": text, "source_lang": "fr", "target_lang": "en", "beam_size": beam}
+
+
+async def closed_loop(
+    url: str, work: list[tuple[str, int]], clients: int
 ) -> tuple[list[float], int, float]:
-    """`clients` concurrent clients share `requests` requests, each sending its next one when
-    the previous is answered; returns the latencies, the errors and the wall time."""
-    todo = iter(range(requests))
+    """`clients` concurrent clients share the requests `work` (text, beam), each sending its
+    next one when the previous is answered; returns the latencies, the errors and wall time."""
+    todo = iter(work)
     latencies: list[float] = []
     errors = 0
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         nonlocal errors
-        for index in todo:
-            payload = {
-                "text": sentences[index % len(sentences)],
-                "source_lang": "fr",
-                "target_lang": "en",
-                "beam_size": beam,
-            }
+        for text, beam in todo:
             started = time.perf_counter()
-            response = await client.post("/v1/translate", json=payload)
+            response = await client.post("/v1/translate", json=payload(text, beam))
             latencies.append(time.perf_counter() - started)
             errors += response.status_code != 200
 
@@ -173,42 +168,70 @@ async def load(
         return latencies, errors, time.perf_counter() - started
 
 
-def measure(run: Run, url: str, sentences: list[str], requests: int) -> None:
-    """Add one bounded load to `run`."""
-    batches_before, sentences_before = batch_totals(url)
-    latencies, errors, seconds = asyncio.run(load(url, sentences, run.clients, requests, run.beam))
-    batches_after, sentences_after = batch_totals(url)
-    run.requests += requests
+async def open_loop(
+    url: str, work: list[tuple[str, int]], arrivals: list[float]
+) -> tuple[list[float], int, float]:
+    """Send work[i] at arrivals[i] seconds from the start, whatever is still unanswered."""
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+
+    async def send(client: httpx.AsyncClient, at: float, text: str, beam: int) -> None:
+        nonlocal errors
+        await asyncio.sleep(max(0.0, at - (time.perf_counter() - started)))
+        sent = time.perf_counter()
+        response = await client.post("/v1/translate", json=payload(text, beam))
+        latencies.append(time.perf_counter() - sent)
+        errors += response.status_code != 200
+
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
+        started = time.perf_counter()
+        await asyncio.gather(
+            *(send(client, at, text, beam) for at, (text, beam) in zip(arrivals, work, strict=True))
+        )
+        return latencies, errors, time.perf_counter() - started
+
+
+def measure(run: Run, url: str, load: Coroutine) -> None:
+    """Add one load (a coroutine, not started yet, giving latencies, errors and seconds) to
+    `run`."""
+    before = counters(url)
+    latencies, errors, seconds = asyncio.run(load)
+    after = counters(url)
+    steps = after["nmt_decode_steps_total"] - before["nmt_decode_steps_total"]
+    tokens = after["nmt_output_tokens_total"] - before["nmt_output_tokens_total"]
+    run.requests += len(latencies)
     run.seconds += seconds
     run.latencies += latencies
     run.errors += errors
-    run.batches += batches_after - batches_before
-    run.sentences += sentences_after - sentences_before
+    run.steps += steps
+    # A sentence takes part in one step per token it produces, plus the step of its </s>.
+    run.sentence_steps += tokens + len(latencies)
 
 
-def engine_ceiling(model_dir: Path, sentences: list[str], beams: list[int]) -> list[str]:
-    """Sentences per second of the engine alone at a few batch sizes: what batching can buy."""
+def engine_ceiling(model_dir: Path, sentences: list[str], threads: int) -> dict[int, float]:
+    """Greedy sentences per second of the engine alone at batch 1 and 32, with `threads`."""
     from service.runtime.bundle import load_bundle
     from service.runtime.engine import EngineOptions
     from service.runtime.search import SearchOptions
     from service.runtime.translator import Translator
     from service.serving.registry import find_bundles
 
-    translator = Translator(load_bundle(find_bundles(model_dir)[0]), EngineOptions())
-    sources = translator.tokenizer.encode(sentences[:32])
-    rows = []
-    for beam in beams:
-        options = SearchOptions(beam_size=beam)
-        translator.translate_ids(sources[:8], options, 8)  # warm-up
-        speeds = []
-        for batch in ENGINE_BATCHES:
+    options = EngineOptions(intra_op_threads=threads, spinning=False)
+    translator = Translator(load_bundle(find_bundles(model_dir)[0]), options)
+    sources = translator.tokenizer.encode(sentences[:128])
+    greedy = SearchOptions()
+    translator.translate_ids(sources[:32], greedy, 32)  # warm-up
+    speeds = {}
+    for batch in (1, 32):
+        runs = []
+        for _ in range(3):
             started = time.perf_counter()
-            translator.translate_ids(sources, options, batch)
-            speeds.append(len(sources) / (time.perf_counter() - started))
-        cells = " | ".join(f"{s:.1f}" for s in speeds)
-        rows.append(f"| {beam} | {cells} | {speeds[-1] / speeds[0]:.2f}x |")
-        print(f"engine alone, beam {beam}: {cells} sentences/s", file=sys.stderr)
-    return rows
+            translator.translate_ids(sources, greedy, batch)
+            runs.append(len(sources) / (time.perf_counter() - started))
+        speeds[batch] = sorted(runs)[1]  # the median of three
+        print(f"engine alone, batch {batch}: {speeds[batch]:.1f} sentences/s", file=sys.stderr)
+    return speeds
 
 
 def _default(name: str):
@@ -217,57 +240,73 @@ def _default(name: str):
     return Settings.model_fields[name].default
 
 
+def _row(run: Run, extra: str = "") -> str:
+    errors = f" ({run.errors} errors)" if run.errors else ""
+    return (
+        f"| {run.label} | {run.batching} | {run.requests}{errors} | {run.throughput:.1f} | "
+        f"{run.percentile(0.5) * 1000:.0f} | {run.percentile(0.95) * 1000:.0f} | "
+        f"{run.percentile(0.99) * 1000:.0f} | {run.occupancy:.1f} |{extra}"
+    )
+
+
 def report(
-    runs: list[Run], engine_rows: list[str], model: str, load_avg: str, sentences: str
+    closed: list[Run],
+    opened: list[Run],
+    engine: dict[int, float],
+    capacity: dict[str, float],
+    setup: dict[str, str],
 ) -> str:
     command = "nice -n 10 .venv/bin/python -m bench.service_bench"
     if sys.argv[1:]:
         command += " " + shlex.join(sys.argv[1:])
-    batch_header = " | ".join(f"batch {b}" for b in ENGINE_BATCHES)
+    head = "| load | batching | requests | req/s | p50 ms | p95 ms | p99 ms | mean occupancy |"
+    rule = "|---|---|---:|---:|---:|---:|---:|---:|"
     lines = [
-        "## Service: dynamic batching, with and without a wait, vs off",
+        "## Service: continuous vs request-level batching",
         "",
         f"Reproduce: `{command}`",
         "",
         f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores, load average before the run {load_avg}",
-        f"- model: {model}; ONNX Runtime threads: one per core (NMT_THREADS default)",
-        f"- requests: one sentence each, {sentences}; each client sends its next request when "
-        "the previous one is answered",
-        f"- batching: NMT_MAX_BATCH_SIZE={_default('max_batch_size')} (the default) with "
-        "NMT_MAX_BATCH_WAIT_MS=5 ('wait 5 ms': sentences wait that long for companions, except "
-        "after a batch of one) "
-        f"or 0 ('no wait'; the default is {_default('max_batch_wait_ms'):g}); "
-        "off: NMT_MAX_BATCH_SIZE=1",
-        "- latency per request, measured by the client; throughput in requests per second of "
-        "wall time; mean batch: sentences per engine batch, from the server's "
-        "nmt_batch_sentences histogram",
+        f"{os.cpu_count()} CPU cores, load average before the run {setup['load']}",
+        f"- model: {setup['model']}; engine threads: {setup['threads']} in both servers and "
+        f"in the engine alone; NMT_MAX_BATCH_SIZE={_default('max_batch_size')}, other "
+        "settings at their defaults, translation cache off",
+        f"- requests: one sentence each, {setup['sentences']}; latency measured by the client; "
+        "mean occupancy: sentences per decoder step, from the server's counters "
+        "((output tokens + sentences) / decoder steps)",
         "",
-        "| beam | clients | batching | requests | req/s | p50 ms | p99 ms | mean batch | "
-        "req/s vs off |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "### Closed loop, greedy",
+        "",
+        "Each client sends its next request when the previous one is answered.",
+        "",
+        head + " vs engine alone at batch 32 |",
+        rule + "---:|",
     ]
-    off = {(r.beam, r.clients): r for r in runs if r.batching == OFF}
-    for run in runs:
-        ratio = run.throughput / off[run.beam, run.clients].throughput
-        errors = f" ({run.errors} errors)" if run.errors else ""
-        lines.append(
-            f"| {run.beam} | {run.clients} | {run.batching} | {run.requests}{errors} | "
-            f"{run.throughput:.1f} | {run.percentile(0.5) * 1000:.0f} | "
-            f"{run.percentile(0.99) * 1000:.0f} | {run.mean_batch:.1f} | "
-            + (f"{ratio:.2f}x |" if run.batching != OFF else "|")
-        )
+    for run in closed:
+        lines.append(_row(run, f" {run.throughput / engine[32]:.0%} |"))
     lines += [
         "",
-        "The engine alone (in process, no HTTP), sentences per second on 32 of the same "
-        "sentences, by batch size: the most that batching in the service can buy.",
+        f"The engine alone (in process, no HTTP), greedy: {engine[1]:.1f} sentences/s at batch "
+        f"1, {engine[32]:.1f} at batch 32.",
         "",
-        f"| beam | {batch_header} | batch {ENGINE_BATCHES[-1]} / batch 1 |",
-        "|---:|" + "---:|" * (len(ENGINE_BATCHES) + 1),
-        *engine_rows,
+        "### Open loop, half greedy and half beam 4",
         "",
-        "What the numbers say, and why batching buys more for greedy than for beam search: "
-        "[service.md, Performance](service.md#performance).",
+        "Poisson arrivals at a share of the capacity, the same arrival times and requests for "
+        "both servers. Capacity: closed-loop requests/s at 64 clients on the same mix, "
+        f"{capacity[REQUEST]:.1f} request-level and {capacity[CONTINUOUS]:.1f} continuous; the "
+        f"loads below are shares of the lower, {min(capacity.values()):.1f}.",
+        "",
+        head + " p99 vs request-level |",
+        rule + "---:|",
+    ]
+    by_label = {(run.label, run.batching): run for run in opened}
+    for run in opened:
+        base = by_label[run.label, REQUEST]
+        ratio = run.percentile(0.99) / base.percentile(0.99)
+        lines.append(_row(run, f" {ratio:.2f}x |" if run.batching != REQUEST else " |"))
+    lines += [
+        "",
+        "What the numbers say: [service.md, Performance](service.md#performance).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -291,10 +330,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, help="bundles folder (default: export one)")
     parser.add_argument("--sentences", type=Path, default=MULTI30K_TEST)
-    parser.add_argument("--beam-sizes", default="4,1", help="comma-separated beam sizes")
-    parser.add_argument("--clients", default="1,8,32", help="comma-separated client counts")
-    parser.add_argument("--requests-per-client", type=int, default=4)
-    parser.add_argument("--min-requests", type=int, default=24)
+    parser.add_argument("--clients", default="1,8,32,64", help="closed loop client counts")
+    parser.add_argument("--requests-per-client", type=int, default=6)
+    parser.add_argument("--min-requests", type=int, default=48)
+    parser.add_argument("--loads", default="0.5,0.7,0.9", help="open loop shares of capacity")
+    parser.add_argument("--open-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="engine threads (0: the server's default)"
+    )
     parser.add_argument("--out", type=Path, default=REPORT)
     args = parser.parse_args()
 
@@ -303,39 +346,73 @@ def main() -> None:
         source = f"from {args.sentences.name}"
     else:
         sentences, source = FALLBACK_SENTENCES, "from a built-in list (Multi30k not found)"
-    beams = [int(b) for b in args.beam_sizes.split(",")]
-    load_avg = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    runs: list[Run] = []
+    threads = args.threads or max(1, (os.cpu_count() or 1) - 1)
+    setup = {
+        "load": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "threads": str(threads),
+        "sentences": source,
+    }
+    rng = random.Random(30)
+    closed: list[Run] = []
+    opened: list[Run] = []
     with ExitStack() as stack:
         model_dir = ensure_bundles(args.model_dir, stack)
-        engine_rows = engine_ceiling(model_dir, sentences, beams)
+        engine = engine_ceiling(model_dir, sentences, threads)
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmt-bench-logs-")))
         urls = {
-            name: stack.enter_context(server(model_dir, log_dir, settings))
-            for name, settings in CONFIGURATIONS.items()
+            name: stack.enter_context(
+                server(model_dir, log_dir, {"batching": name, "threads": threads})
+            )
+            for name in SERVERS
         }
-        model = ", ".join(
+        setup["model"] = ", ".join(
             f"{m['name']} ({m['precision']})"
-            for m in httpx.get(f"{urls[OFF]}/v1/models").json()["models"]
+            for m in httpx.get(f"{urls[REQUEST]}/v1/models").json()["models"]
         )
-        for beam in beams:
-            for clients in (int(c) for c in args.clients.split(",")):
-                requests = max(args.min_requests, args.requests_per_client * clients)
-                level = {name: Run(beam, clients, name) for name in urls}
-                for url in urls.values():  # warm the connections and the shapes
-                    asyncio.run(load(url, sentences, clients, min(clients, 8), beam))
-                # halves, in mirrored order, so that drifting load hits all alike
-                for name in [*CONFIGURATIONS, *reversed(CONFIGURATIONS)]:
-                    measure(level[name], urls[name], sentences, requests // 2)
-                for run in level.values():
-                    runs.append(run)
-                    print(
-                        f"beam {beam}, {clients:>2} clients, batching {run.batching:>3}: "
-                        f"{run.throughput:.1f} req/s, p50 {run.percentile(0.5) * 1000:.0f} ms, "
-                        f"mean batch {run.mean_batch:.1f}",
-                        file=sys.stderr,
-                    )
-    text = report(runs, engine_rows, model, load_avg, source)
+        order = [*SERVERS, *reversed(SERVERS)]  # halves, mirrored
+        for clients in (int(c) for c in args.clients.split(",")):
+            count = max(args.min_requests, args.requests_per_client * clients)
+            work = [(rng.choice(sentences), 1) for _ in range(count)]
+            level = {name: Run(name, f"{clients} clients") for name in SERVERS}
+            for url in urls.values():  # warm the connections and the shapes
+                asyncio.run(closed_loop(url, work[: min(clients, 8)], clients))
+            for half, name in enumerate(order):
+                part = work[: count // 2] if half < 2 else work[count // 2 :]
+                measure(level[name], urls[name], closed_loop(urls[name], part, clients))
+            for run in level.values():
+                closed.append(run)
+                print(
+                    f"{run.label}, {run.batching}: {run.throughput:.1f} req/s, p99 "
+                    f"{run.percentile(0.99) * 1000:.0f} ms",
+                    file=sys.stderr,
+                )
+
+        mix = [(rng.choice(sentences), rng.choice(MIX)) for _ in range(384)]
+        capacity = {}
+        for name in SERVERS:
+            probe = Run(name, "capacity")
+            measure(probe, urls[name], closed_loop(urls[name], mix, 64))
+            capacity[name] = probe.throughput
+        print(f"capacity on the mix: {capacity}", file=sys.stderr)
+        for index, share in enumerate(float(x) for x in args.loads.split(",")):
+            rate = share * min(capacity.values())
+            count = max(1, round(rate * args.open_seconds))
+            arrivals, at = [], 0.0
+            for _ in range(count):
+                at += rng.expovariate(rate)
+                arrivals.append(at)
+            work = [(rng.choice(sentences), rng.choice(MIX)) for _ in range(count)]
+            names = SERVERS if index % 2 == 0 else tuple(reversed(SERVERS))
+            for name in names:
+                run = Run(name, f"{share:.0%} load")
+                measure(run, urls[name], open_loop(urls[name], work, arrivals))
+                opened.append(run)
+                print(
+                    f"{run.label}, {name}: p99 {run.percentile(0.99) * 1000:.0f} ms",
+                    file=sys.stderr,
+                )
+    opened.sort(key=lambda run: (run.label, SERVERS.index(run.batching)))
+    text = report(closed, opened, engine, capacity, setup)
     replace_section("service", text, args.out)
     print(text)
 

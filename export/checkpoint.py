@@ -1,4 +1,6 @@
-"""A model directory: `config.json`, `model.safetensors` and the tokenizer.
+"""A model directory: `config.json`, `model.safetensors`, the tokenizer, and optionally
+`description.txt`: what the model was trained on and is good for, in a few sentences, which
+`nmt export` copies into the bundle for `/v1/models` and the web page to show.
 
 This is what `nmt train` produces, what `models/fr-en/` holds, and what `nmt export` reads.
 The tokenizer is either our joint `sentencepiece.model` (ids = SentencePiece ids), or, for
@@ -23,6 +25,13 @@ from export.tokenizer import SOURCE_SPM, TARGET_SPM, VOCAB_JSON, Tokenizer, Voca
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "sentencepiece.model"
+DESCRIPTION_FILE = "description.txt"
+
+
+def read_description(model_dir: Path) -> str:
+    """The model directory's description, or "" when it has none."""
+    path = Path(model_dir) / DESCRIPTION_FILE
+    return " ".join(path.read_text(encoding="utf-8").split()) if path.is_file() else ""
 
 
 def weights_of(model: Transformer) -> dict[str, torch.Tensor]:
@@ -31,12 +40,17 @@ def weights_of(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def save_model_dir(
-    model: Transformer, tokenizer_model: Path | Mapping[str, Path], out_dir: Path
+    model: Transformer,
+    tokenizer_model: Path | Mapping[str, Path],
+    out_dir: Path,
+    description: str | None = None,
 ) -> None:
     """Write atomically: a half-written checkpoint is never left under the final name.
 
     tokenizer_model: our joint SentencePiece model, or {file name in the directory: source
     path} for Marian's layout (source.spm, target.spm, vocab.json).
+    description: written to description.txt; None keeps the one of the directory replaced
+    (retraining into models/fr-en does not lose what a person wrote there).
     """
     out_dir = Path(out_dir)
     staging = out_dir.with_name(out_dir.name + ".tmp")
@@ -49,6 +63,10 @@ def save_model_dir(
             shutil.copyfile(path, staging / name)
     else:
         shutil.copyfile(tokenizer_model, staging / TOKENIZER_FILE)
+    if description is None:
+        description = read_description(out_dir)
+    if description:
+        (staging / DESCRIPTION_FILE).write_text(description.strip() + "\n", encoding="utf-8")
     if out_dir.exists():
         old = out_dir.with_name(out_dir.name + ".old")
         shutil.rmtree(old, ignore_errors=True)

@@ -278,10 +278,34 @@ def weights_from_marian(
     return ours
 
 
+def marian_description(hf_dir: Path, source_lang: str, target_lang: str) -> str:
+    """What an imported model is, for people choosing it: its name, and the training data its
+    model card (README.md, as opus-mt models have) names, when it names one."""
+    name = hf_dir.resolve().name
+    found = f"{name}: a Hugging Face Marian model ({source_lang}→{target_lang})"
+    readme = hf_dir / "README.md"
+    if readme.is_file():
+        card = readme.read_text(encoding="utf-8", errors="replace")
+        match = re.search(r"^\W*datasets?\W*:\s*(.+?)\s*$", card, flags=re.MULTILINE | re.I)
+        if match:
+            dataset = match.group(1)
+            found += f"; trained on {dataset}" + (
+                " (OPUS: a general-domain collection of parallel corpora)"
+                if dataset.lower().startswith("opus")
+                else ""
+            )
+    return found + "."
+
+
 def import_marian(
-    hf_dir: Path, out_dir: Path, source_lang: str | None = None, target_lang: str | None = None
+    hf_dir: Path,
+    out_dir: Path,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    description: str | None = None,
 ) -> ModelConfig:
-    """A local HF Marian directory -> our model directory (config, weights, tokenizer files)."""
+    """A local HF Marian directory -> our model directory (config, weights, tokenizer files,
+    and description.txt: `description`, else one made from the directory's model card)."""
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise MarianInteropError(f"{hf_dir} has no config.json: not a Hugging Face model directory")
@@ -296,9 +320,8 @@ def import_marian(
             "vocab.json is supported"
         )
     vocab = _read_json(hf_dir / VOCAB_JSON)
-    config = config_from_marian(
-        _read_json(hf_dir / "config.json"), vocab, _languages(hf_dir, source_lang, target_lang)
-    )
+    languages = _languages(hf_dir, source_lang, target_lang)
+    config = config_from_marian(_read_json(hf_dir / "config.json"), vocab, languages)
     model = Transformer(config)
     weights = weights_from_marian(read_hf_weights(hf_dir), config)
     result = model.load_state_dict(weights, strict=False)
@@ -309,7 +332,9 @@ def import_marian(
         )
     tokenizer_files = {name: hf_dir / name for name in (SOURCE_SPM, TARGET_SPM, VOCAB_JSON)}
     VocabTokenizer(*tokenizer_files.values())  # refuse files the tokenizer cannot read, now
-    save_model_dir(model.eval(), tokenizer_files, Path(out_dir))
+    if description is None:
+        description = marian_description(hf_dir, *languages)
+    save_model_dir(model.eval(), tokenizer_files, Path(out_dir), description)
     log.info("imported %s into %s", hf_dir, out_dir)
     return config
 

@@ -6,9 +6,12 @@ both sides agree on):
   layer. The decoder never sees the encoder output itself: the source only enters a decoder
   step through these keys/values, so projecting them once here saves L*2 matmuls per step.
 * `decoder.onnx`: one step with a self-attention KV cache (grows by one position a step).
-  Inputs: target_ids [rows, 1], source_mask, top_k, past and cross keys/values; outputs: the
-  top_k log-probs of the next token and their ids [rows, k], best first (top_k = V gives the
-  whole distribution), the alignment (cross-attention weights) and the present keys/values.
+  Inputs: target_ids [rows, 1], source_mask, top_k, past_mask [rows, P] and positions [rows]
+  (rows may have joined the running batch at different steps: their caches are left-padded),
+  past and cross keys/values; outputs: the top_k log-probs of the next token and their ids
+  [rows, k], best first (top_k = V gives the whole distribution), the alignment (last layer's
+  cross-attention weights, head mean) [rows, S], every layer's and head's weights
+  `attention` [rows, L, H, S], and the present keys/values.
 * `decoder_nocache.onnx`: recomputes the whole target prefix each step; for benchmarks only,
   so that what the cache buys is measured rather than assumed.
 * `*.int8.onnx`: the same graphs with dynamically quantized (int8) MatMul weights.
@@ -35,7 +38,7 @@ import onnx
 import torch
 from torch import nn
 
-from export.checkpoint import load_model_dir
+from export.checkpoint import load_model_dir, read_description
 from export.model.transformer import Transformer
 from nmt_contract import BUNDLE_FORMAT, layer_names, sha256_of
 
@@ -93,16 +96,24 @@ class DecoderStepGraph(nn.Module):
         target_ids: torch.Tensor,  # [B, 1] the last token of every row
         source_mask: torch.Tensor,  # [B/K, S] bool
         top_k: torch.Tensor,  # int64 scalar: how many best tokens to return per row
+        past_mask: torch.Tensor,  # [B, P] bool: False for the padding in front of a row that
+        # joined the running batch later than others (continuous batching)
+        positions: torch.Tensor,  # [B] int64: each row's position (its real past length)
         *caches: torch.Tensor,  # past keys/values per layer [B, H, P, Dh] (P = 0 at first),
         # then cross keys/values per layer [B/K, H, S, Dh] from encoder.onnx
     ) -> tuple[torch.Tensor, ...]:
         past, cross = _pairs(caches[: 2 * self.layers]), _pairs(caches[2 * self.layers :])
-        logits, present, alignment = self.model.decode(target_ids, past, cross, source_mask)
+        logits, present, attention = self.model.decode(
+            target_ids, past, cross, source_mask, past_mask, positions, all_attention=True
+        )
         # logits [B, 1, V] -> [B, V]: a Reshape is free, indexing the step axis would copy
         top_log_probs, top_ids = _top_log_probs(logits.reshape(-1, logits.shape[-1]), top_k)
-        # alignment: the cross-attention weights of this step [B, S]
+        # attention [B, L, H, 1, S] -> [B, L, H, S]: every layer's and head's cross-attention
+        # weights of this step; alignment [B, S]: the last layer's, averaged over heads.
+        attention = attention.reshape(*attention.shape[:3], attention.shape[-1])
+        alignment = attention[:, -1].mean(dim=1)
         flat_present = tuple(tensor for pair in present for tensor in pair)  # [B, H, P+1, Dh]
-        return (top_log_probs, top_ids, alignment.reshape(alignment.shape[0], -1), *flat_present)
+        return (top_log_probs, top_ids, alignment, attention, *flat_present)
 
 
 class DecoderNoCacheGraph(nn.Module):
@@ -137,8 +148,12 @@ def _example_inputs(model: Transformer) -> dict:
     source_mask[1, 5:] = False
     cache = (rows, config.n_heads, past, config.head_dim)
     cross = (sources, config.n_heads, source, config.head_dim)
+    past_mask = torch.ones((rows, past), dtype=torch.bool)
+    past_mask[2:4, :2] = False  # rows that joined two steps later
     return {
         "source_ids": torch.randint(3, config.vocab_size, (sources, source)),
+        "past_mask": past_mask,
+        "positions": past_mask.sum(dim=1),
         "source_mask": source_mask,
         "target_step": torch.randint(3, config.vocab_size, (rows, 1)),
         "target_prefix": torch.randint(3, config.vocab_size, (rows, target)),
@@ -189,14 +204,31 @@ def export_graphs(model: Transformer, out_dir: Path, nocache: bool = True) -> li
         )
         _export(
             DecoderStepGraph(model),
-            (x["target_step"], x["source_mask"], x["top_k"], *x["past"], *x["cross"]),
+            (
+                x["target_step"],
+                x["source_mask"],
+                x["top_k"],
+                x["past_mask"],
+                x["positions"],
+                *x["past"],
+                *x["cross"],
+            ),
             out_dir / "decoder.onnx",
             {
-                "inputs": ["target_ids", "source_mask", "top_k", *past_names, *cross_names],
-                "outputs": ["top_log_probs", "top_ids", "alignment", *present_names],
+                "inputs": [
+                    "target_ids",
+                    "source_mask",
+                    "top_k",
+                    "past_mask",
+                    "positions",
+                    *past_names,
+                    *cross_names,
+                ],
+                "outputs": ["top_log_probs", "top_ids", "alignment", "attention", *present_names],
             },
             {"target_ids": {0: "batch"}, "source_mask": by_source}
-            | {"alignment": {0: "batch", 1: "source"}}
+            | {"past_mask": {0: "batch", 1: "past"}, "positions": {0: "batch"}}
+            | {"alignment": {0: "batch", 1: "source"}, "attention": {0: "batch", 3: "source"}}
             | head
             | dict.fromkeys(past_names, past)
             | dict.fromkeys(cross_names, cross)
@@ -241,10 +273,16 @@ def quantize_graph(fp32_path: Path) -> Path:
 
 
 def export_bundle(
-    checkpoint: Path, out_dir: Path, int8: bool = False, serving_only: bool = False
+    checkpoint: Path,
+    out_dir: Path,
+    int8: bool = False,
+    serving_only: bool = False,
+    description: str | None = None,
 ) -> dict:
     """Export a model directory to a bundle at out_dir (replaced atomically).
-    `serving_only` leaves out the benchmark-only no-cache decoder (a smaller image)."""
+    `serving_only` leaves out the benchmark-only no-cache decoder (a smaller image).
+    `description` (what the model was trained on, what it is for): by default the model
+    directory's description.txt."""
     model, tokenizer = load_model_dir(checkpoint)
     config = model.config
     out_dir = Path(out_dir)
@@ -264,6 +302,7 @@ def export_bundle(
             "name": f"{config.source_lang}-{config.target_lang}",
             "source_lang": config.source_lang,
             "target_lang": config.target_lang,
+            "description": read_description(checkpoint) if description is None else description,
             "model": {
                 "vocab_size": config.vocab_size,
                 "d_model": config.d_model,

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -147,6 +148,48 @@ def test_scores_n_best_and_alignment_have_a_readable_shape(
             assert len(row) == len(alignment["source_tokens"])
             assert sum(row) == pytest.approx(1.0, abs=0.01)  # attention over the source
             assert all(round(w, 3) == w for w in row)
+
+
+def test_alignment_of_any_layer_head_by_head(client: TestClient, translator: Translator):
+    """alignment_layer picks the decoder layer; alignment_heads 'all' adds each head's weights,
+    whose mean is `weights`; the default is the last layer."""
+    layers = translator.bundle.dims["decoder_layers"]
+    heads = translator.bundle.dims["n_heads"]
+    default = translate(client, "Un homme marche.", return_alignment=True)
+    assert default["translations"][0]["alignment"][0]["layer"] == layers - 1
+    found = {}
+    for layer in range(layers):
+        answer = translate(
+            client,
+            "Un homme marche.",
+            return_alignment=True,
+            alignment_layer=layer,
+            alignment_heads="all",
+        )
+        (alignment,) = answer["translations"][0]["alignment"]
+        assert alignment["layer"] == layer
+        per_head = np.array(alignment["head_weights"])  # [H, T, S]
+        assert per_head.shape == (
+            heads,
+            len(alignment["target_tokens"]),
+            len(alignment["source_tokens"]),
+        )
+        np.testing.assert_allclose(per_head.mean(axis=0), alignment["weights"], atol=2e-3)
+        found[layer] = alignment["weights"]
+    assert found[layers - 1] == default["translations"][0]["alignment"][0]["weights"]
+    assert found[0] != found[layers - 1]  # layers attend differently
+    response = client.post(
+        "/v1/translate",
+        json={
+            "text": "Un homme.",
+            "source_lang": "fr",
+            "target_lang": "en",
+            "return_alignment": True,
+            "alignment_layer": layers,
+        },
+    )
+    assert response.status_code == 422
+    assert f"0 to {layers - 1}" in response.text
 
 
 def test_routing_by_language_pair(client: TestClient):

@@ -155,11 +155,13 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("server-logs")
 
 
+@pytest.mark.parametrize("batching", ["continuous", "request"])
 def test_64_concurrent_requests_match_sequential_translation_and_are_batched(
-    model_dir: Path, logs: Path, reference: dict[str, str]
+    model_dir: Path, logs: Path, reference: dict[str, str], batching: str
 ):
     # No cache: repeated sentences must reach the engine, whose batches are counted here.
-    with running_server(model_dir, logs, max_batch_wait_ms=5, cache_entries=0) as server:
+    settings = {"max_batch_wait_ms": 5, "cache_entries": 0, "batching": batching}
+    with running_server(model_dir, logs, **settings) as server:
         requests, expected = [], []
         for i in range(64):
             first, second = SENTENCES[i % 16], SENTENCES[(i * 7 + 3) % 16]
@@ -200,14 +202,23 @@ def test_64_concurrent_requests_match_sequential_translation_and_are_batched(
         assert moved("nmt_output_tokens_total", model="fr-en") == sum(
             u["output_tokens"] for u in usage
         )
-        assert moved("nmt_batch_sentences_sum", model="fr-en") == sentences
         assert moved("nmt_queue_wait_seconds_count", model="fr-en") == sentences
         assert moved("nmt_decode_steps_total", model="fr-en") > 0
-        batches = moved("nmt_batch_sentences_count", model="fr-en")
-        single = moved("nmt_batch_sentences_bucket", model="fr-en", le="1.0")
-        assert batches - single > 0, "no batch held more than one sentence"
-        assert batches < sentences / 2, f"{batches} batches for {sentences} sentences"
         assert sample(after, "nmt_queue_depth", model="fr-en") == 0
+        if batching == "request":
+            assert moved("nmt_batch_sentences_sum", model="fr-en") == sentences
+            batches = moved("nmt_batch_sentences_count", model="fr-en")
+            single = moved("nmt_batch_sentences_bucket", model="fr-en", le="1.0")
+            assert batches - single > 0, "no batch held more than one sentence"
+            assert batches < sentences / 2, f"{batches} batches for {sentences} sentences"
+            return
+        assert moved("nmt_batch_joined_sentences_total", model="fr-en") == sentences
+        assert moved("nmt_batch_left_sentences_total", model="fr-en", reason="finished") == (
+            sentences
+        )
+        steps = moved("nmt_batch_step_sentences_count", model="fr-en")
+        occupancy = moved("nmt_batch_step_sentences_sum", model="fr-en") / steps
+        assert occupancy > 2, f"{occupancy:.1f} sentences per step: steps were not shared"
 
 
 def test_a_full_queue_answers_429_with_retry_after_at_once(model_dir: Path, logs: Path):
@@ -271,14 +282,16 @@ def test_a_client_that_disconnects_has_its_queued_work_dropped(model_dir: Path, 
                 await until_admitted(client, busy)
                 assert not all(t.done() for t in busy), "the backlog was gone too soon"
                 with pytest.raises(httpx.TimeoutException):
-                    await client.post("/v1/translate", json=body(SENTENCES[:4]), timeout=0.3)
+                    await client.post(
+                        "/v1/translate", json=body(SENTENCES[:4], beam_size=4), timeout=0.3
+                    )
                 assert all(r.status_code == 200 for r in await asyncio.gather(*busy))
 
         asyncio.run(scenario())
         samples = scrape(server.url)
         gone = {"model": "fr-en", "reason": "client_gone"}
         assert sample(samples, "nmt_dropped_sentences_total", **gone) == 4
-        assert sample(samples, "nmt_batch_sentences_sum", model="fr-en") == 12 * 3
+        assert sample(samples, "nmt_batch_joined_sentences_total", model="fr-en") == 12 * 3
         assert (
             sample(
                 samples, "nmt_requests_total", route="/v1/translate", model="fr-en", status="499"

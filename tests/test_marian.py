@@ -259,6 +259,8 @@ def test_import_writes_our_config_and_marian_tokenizer(marian_dir, imported, imp
         "vocab": "vocab.json",
     }
     assert {"source.spm", "target.spm", "vocab.json"} <= set(manifest["files"])
+    # What the model is, said at import, travels into the bundle (/v1/models shows it).
+    assert manifest["description"] == f"{marian_dir.name}: a Hugging Face Marian model (xx→yy)."
     assert manifest["special_ids"] == {
         "pad": config.pad_id,
         "eos": 0,

@@ -246,3 +246,63 @@ def test_a_serving_only_bundle_has_no_benchmark_graph_and_says_so(
     assert [h[0].tokens for h in served] == [h[0].tokens for h in full]
     with pytest.raises(BundleError, match="serving-only"):
         Engine(bundle, EngineOptions(use_cache=False))
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_every_layers_and_heads_alignment_is_the_torch_models(
+    tiny_checkpoint: Path, tiny_bundle: Path, beam_size: int
+) -> None:
+    """alignment_layer / alignment_heads: the chosen layer's weights, head by head, are what
+    torch computes when it is fed the hypothesis' own tokens (teacher forcing)."""
+    model, _ = load_model_dir(tiny_checkpoint)
+    engine = Engine(load_bundle(tiny_bundle))
+    sources = random_sources(3, 400, seed=12)
+    for layer in range(model.config.decoder_layers):
+        options = SearchOptions(
+            beam_size=beam_size,
+            max_length=20,
+            alignment=True,
+            alignment_layer=layer,
+            alignment_heads=True,
+        )
+        for source, (best, *_) in zip(sources, search(engine, sources, options), strict=True):
+            steps = best.head_alignment.shape[0]
+            fed = torch.tensor([[model.config.decoder_start_id, *best.tokens][:steps]])
+            source_ids = torch.tensor([source])
+            with torch.no_grad():
+                cross = model.cross_keys_values(model.encode(source_ids, source_ids != 0))
+                _, _, attention = model.decode(
+                    fed, model.empty_cache(1), cross, source_ids != 0, all_attention=True
+                )  # [1, L, H, T, S]
+            expected = attention[0, layer].transpose(0, 1).numpy()  # [T, H, S]
+            np.testing.assert_allclose(best.head_alignment, expected, atol=1e-4)
+            np.testing.assert_allclose(best.alignment, expected.mean(axis=1), atol=1e-4)
+
+
+def test_decoder_steps_of_rows_that_joined_later_match_torch_alone(
+    tiny_checkpoint: Path, tiny_bundle: Path
+) -> None:
+    """past_mask and positions: a row whose cache is left-padded (it joined a running batch
+    later) gets the log-probs torch gives it decoding alone."""
+    model, _ = load_model_dir(tiny_checkpoint)
+    engine = Engine(load_bundle(tiny_bundle))
+    early, late = random_sources(2, 400, seed=13)
+    state = engine.start(*pad_arrays([early]))
+    tokens = np.zeros(1, dtype=np.int64)
+    for _ in range(4):  # the early row is 4 steps ahead when the late one joins
+        tokens = engine.step(state, tokens, top_k=1).top_ids[:, 0]
+    state.extend(engine.start(*pad_arrays([late])))
+    result = engine.step_log_probs(state, np.array([tokens[0], 0], dtype=np.int64))
+    source_ids = torch.tensor([late])
+    with torch.no_grad():
+        cross = model.cross_keys_values(model.encode(source_ids, source_ids != 0))
+        logits, _, _ = model.decode(
+            torch.zeros((1, 1), dtype=torch.long), model.empty_cache(1), cross, source_ids != 0
+        )
+    expected = torch.log_softmax(logits[:, -1], dim=-1).numpy()
+    np.testing.assert_allclose(result.log_probs[1:], expected, atol=1e-4)
+
+
+def pad_arrays(sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ids = pad(sources, 0).numpy()
+    return ids, ids != 0

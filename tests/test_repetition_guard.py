@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from service.runtime.engine import StepResult
+from service.runtime.engine import DecoderState, StepResult
 from service.runtime.search import MAX_REPEAT_NGRAM, SearchOptions, repeat_closers, search
 
 EOS, START, PAD = 2, 1, 0
@@ -62,19 +62,21 @@ class LoopingEngine:
         self.second = second
 
     eos_id, pad_id, start_id, max_positions = EOS, PAD, START, 512
+    layers, heads = 1, 1
     vocab = 10
 
-    class State:
-        def select_rows(self, rows: np.ndarray) -> None:
-            pass
+    def start(
+        self, source_ids: np.ndarray, source_mask: np.ndarray, rows_per_source: int = 1
+    ) -> DecoderState:
+        rows = len(source_ids) * rows_per_source  # no layers: no keys/values to keep
+        empty = np.zeros((rows, 0), dtype=np.int64)
+        positions = np.zeros(rows, dtype=np.int64)
+        return DecoderState([], source_mask, [], empty.astype(bool), positions, empty)
 
-        def select_sources(self, sources: np.ndarray) -> None:
-            pass
-
-    def start(self, source_ids: np.ndarray, source_mask: np.ndarray) -> State:
-        return self.State()
-
-    def step(self, state, tokens: np.ndarray, top_k: int, want_alignment: bool = False):
+    def step(self, state, tokens: np.ndarray, top_k: int, **_: bool):
+        # What every step does to the state: one more real cached position per row.
+        state.past_mask = np.concatenate([state.past_mask, np.ones((state.rows, 1), bool)], 1)
+        state.positions = state.positions + 1
         ranked = []
         for fed in tokens.tolist():
             best = {START: 5, 5: 6, 6: 5}.get(fed, EOS)
@@ -133,7 +135,7 @@ class RandomEngine(LoopingEngine):
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
-    def step(self, state, tokens: np.ndarray, top_k: int, want_alignment: bool = False):
+    def step(self, state, tokens: np.ndarray, top_k: int, **_: bool):
         vocab = np.array([3, 4, 5, EOS])
         ids = np.stack([self.rng.permutation(vocab)[:top_k] for _ in tokens])
         log_probs = np.sort(self.rng.uniform(-6, -0.01, (len(tokens), top_k)), axis=1)[:, ::-1]

@@ -102,7 +102,8 @@ class DecoderLayer(nn.Module):
         """One decoder layer over T new target positions.
 
         x [B, T, D]; past keys/values [B, H, P, Dh];
-        self_bias [1, 1, T, P+T], or None when nothing is masked (T = 1);
+        self_bias broadcastable to [B, 1, T, P+T] (causal and/or cache padding), or None
+        when nothing is masked (T = 1, no padding);
         cross keys/values [B/K, H, S, Dh] and source_bias [B/K, 1, 1, S], one per source
         (K rows per source: K = 1 unless beams share it).
         Returns x [B, T, D], present keys/values [B, H, P+T, Dh], cross weights [B, H, T, S].
@@ -167,11 +168,24 @@ class Transformer(nn.Module):
         with torch.no_grad():
             self.embed_tokens.weight[self.config.pad_id].zero_()
 
-    def embed(self, ids: torch.Tensor, first_position: int | torch.Tensor = 0) -> torch.Tensor:
-        """ids [B, T] -> scaled token embeddings plus positions [B, T, D]"""
+    def embed(
+        self,
+        ids: torch.Tensor,
+        first_position: int | torch.Tensor = 0,
+        row_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """ids [B, T] -> scaled token embeddings plus positions [B, T, D].
+
+        ids[:, 0] is at first_position in every row, or at row_positions [B] (int64), one
+        per row: rows that joined a running batch later are at earlier positions.
+        """
         length = ids.shape[1]
-        positions = self.positions[first_position : first_position + length]  # [T, D]
-        return self.dropout(self.embed_tokens(ids) * self.embed_scale + positions[None])
+        if row_positions is not None:
+            steps = torch.arange(length, device=ids.device)
+            positions = self.positions[row_positions[:, None] + steps[None, :]]  # [B, T, D]
+        else:
+            positions = self.positions[first_position : first_position + length][None]
+        return self.dropout(self.embed_tokens(ids) * self.embed_scale + positions)
 
     def encode(self, source_ids: torch.Tensor, source_mask: torch.Tensor) -> torch.Tensor:
         """source_ids [B, S], source_mask [B, S] (True = real token) -> encoder output [B, S, D]"""
@@ -200,30 +214,49 @@ class Transformer(nn.Module):
         past: DecoderCache,
         cross: DecoderCache,
         source_mask: torch.Tensor,
+        past_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        all_attention: bool = False,
     ) -> tuple[torch.Tensor, DecoderCache, torch.Tensor]:
         """Run the decoder over T new target positions that follow P cached ones.
 
         target_ids [B, T]; past: per layer [B, H, P, Dh]; cross: per layer [B/K, H, S, Dh];
         source_mask [B/K, S]. K rows share each source (rows b*K .. b*K+K-1: the beams of
         sentence b); K = 1 when every row has its own.
-        Returns logits [B, T, V], present cache (per layer [B, H, P+T, Dh]) and the last
-        layer's cross-attention weights averaged over heads [B, T, S] (the alignment).
+
+        Rows that joined a running batch at different steps (continuous batching) have caches
+        of different real lengths, left-padded to the same P: past_mask [B, P] (True = a real
+        cached position) hides the padding from self-attention, and positions [B] is each
+        row's position of target_ids[:, 0] (its real cache length). Both None: every row has
+        P real cached positions.
+
+        Returns logits [B, T, V], present cache (per layer [B, H, P+T, Dh]) and the cross-
+        attention weights: the last layer's averaged over heads [B, T, S] (the alignment), or
+        with all_attention every layer's and head's [B, L, H, T, S].
         """
         past_length = past[0][0].shape[2]
-        length = target_ids.shape[1]
+        batch, length = target_ids.shape
         # One new position may look at every earlier one and itself: nothing to mask then.
         self_bias = causal_bias(length, past_length, target_ids.device) if length > 1 else None
+        if past_mask is not None:
+            # The new positions are real; the padding in front of a late row's cache is not.
+            new = torch.ones((batch, length), dtype=torch.bool, device=target_ids.device)
+            padding = padding_bias(torch.cat([past_mask, new], dim=1))  # [B, 1, 1, P+T]
+            self_bias = padding if self_bias is None else self_bias + padding
         source_bias = padding_bias(source_mask)
-        x = self.embed(target_ids, past_length)
+        x = self.embed(target_ids, past_length, positions)
         present: DecoderCache = []
-        cross_weights = torch.zeros(0)
+        layer_weights: list[torch.Tensor] = []  # per layer [B, H, T, S]
         for layer, layer_past, layer_cross in zip(self.decoder_layers, past, cross, strict=True):
             x, layer_present, cross_weights = layer(
                 x, layer_past, self_bias, layer_cross, source_bias
             )
             present.append(layer_present)
+            layer_weights.append(cross_weights)
         logits = x @ self.embed_tokens.weight.T + self.final_logits_bias  # [B, T, V]
-        return logits, present, cross_weights.mean(dim=1)
+        if all_attention:
+            return logits, present, torch.stack(layer_weights, dim=1)  # [B, L, H, T, S]
+        return logits, present, layer_weights[-1].mean(dim=1)
 
     def forward(
         self, source_ids: torch.Tensor, source_mask: torch.Tensor, target_in_ids: torch.Tensor

@@ -86,7 +86,12 @@ def build_router(settings: Settings) -> APIRouter:
         tags=["models"],
     )
     async def models(service: ServiceDep) -> ModelsResponse:
-        return ModelsResponse(models=[ModelInfo(**m.describe()) for m in service.registry.models])
+        return ModelsResponse(
+            models=[
+                ModelInfo(**{"description": m.bundle.description, **m.describe()})
+                for m in service.registry.models
+            ]
+        )
 
     @router.get("/healthz", tags=["health"], summary="alive (200) unless loading failed (503)")
     async def healthz(service: ServiceDep) -> JSONResponse:

@@ -7,7 +7,7 @@ and the limit (pydantic's own wording for numbers, ours for the texts).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -17,6 +17,10 @@ from service.serving.pipeline import RequestResult, SentenceAlignment
 from service.serving.settings import Settings
 
 MAX_LANG_CODE = 16
+
+
+# Above any decoder's depth: the model's own limit is checked when the request runs.
+MAX_LAYER = 63
 
 
 class TranslateRequestBase(BaseModel):
@@ -33,6 +37,8 @@ class TranslateRequestBase(BaseModel):
     length_penalty: float
     return_scores: bool
     return_alignment: bool
+    alignment_layer: int | None
+    alignment_heads: Literal["mean", "all"]
 
     @property
     def texts(self) -> list[str]:
@@ -47,6 +53,8 @@ class TranslateRequestBase(BaseModel):
             max_length=self.max_length,
             alignment=self.return_alignment,
             max_repeats=max_repeats,
+            alignment_layer=-1 if self.alignment_layer is None else self.alignment_layer,
+            alignment_heads=self.alignment_heads == "all",
         )
 
 
@@ -108,6 +116,19 @@ def translate_request_model(settings: Settings) -> type[TranslateRequestBase]:
             strict=True,
             description="add per-sentence cross-attention (source x target weights)",
         )
+        alignment_layer: int | None = Field(
+            None,
+            ge=0,
+            le=MAX_LAYER,
+            strict=True,
+            description="with return_alignment: the decoder layer whose cross-attention is "
+            "returned, 0 = first; default: the last, which aligns best (docs/attention.md)",
+        )
+        alignment_heads: Literal["mean", "all"] = Field(
+            "mean",
+            description="with return_alignment: 'mean' averages the layer's heads; 'all' also "
+            "returns each head's weights (head_weights)",
+        )
 
         @field_validator("text")
         @classmethod
@@ -168,6 +189,12 @@ class Alignment(BaseModel):
         "the source word it attended to most",
     )
     moses: str = Field("", description='the hard alignment as Moses writes it: "0-0 1-2 ..."')
+    layer: int | None = Field(None, description="the decoder layer of the weights (0 = first)")
+    head_weights: list[list[list[float]]] | None = Field(
+        None,
+        description="with alignment_heads 'all': head_weights[h][i][j], head h's attention of "
+        "target token i on source token j (weights is their mean)",
+    )
 
     @classmethod
     def from_result(cls, alignment: SentenceAlignment) -> Alignment:
@@ -175,6 +202,8 @@ class Alignment(BaseModel):
             source_tokens=alignment.source_tokens,
             target_tokens=alignment.target_tokens,
             weights=alignment.weights,
+            layer=alignment.layer,
+            head_weights=alignment.head_weights,
         )
         if (words := alignment.words) is not None:
             found.source_words, found.target_words = words.source_words, words.target_words
@@ -231,6 +260,9 @@ class ModelInfo(BaseModel):
     target_lang: str
     precision: str
     max_tokens_per_sentence: int
+    description: str = Field(
+        "", description="what the model was trained on and is good for (bundle.json)"
+    )
 
 
 class ModelsResponse(BaseModel):

@@ -31,6 +31,11 @@ class Bundle:
         return self.manifest["target_lang"]
 
     @property
+    def description(self) -> str:
+        """What the model was trained on and is for ("" in bundles exported without one)."""
+        return str(self.manifest.get("description") or "")
+
+    @property
     def dims(self) -> dict:
         return self.manifest["model"]
 

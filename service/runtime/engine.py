@@ -61,22 +61,40 @@ class DecoderState:
     """Everything a step needs besides the last tokens.
 
     Rows are grouped by source: rows k*K .. k*K+K-1 belong to source k, K being the rows per
-    source (the open beams of a sentence: 1 in greedy search and at the first beam step, then
-    the beam size). The graph derives K from the row and source counts.
+    source (the beams of a sentence: 1 in greedy search). The graph derives K from the row and
+    source counts, so every source of one state has the same K.
     cross: keys_0, values_0, keys_1, ... each [sources, H, S, Dh]; source_mask [sources, S];
     past: the self-attention cache, keys_0, values_0, ... each [rows, H, P, Dh];
+    past_mask [rows, P]: False for the padding in front of rows that joined later (a running
+    batch's rows started at different steps; each row's real cache is right-aligned);
+    positions [rows]: each row's real cache length, the position of the token it feeds next;
     prefix [rows, P]: every token fed so far (only kept by the no-cache decoder).
     """
 
     cross: list[np.ndarray]
     source_mask: np.ndarray
     past: list[np.ndarray]
+    past_mask: np.ndarray
+    positions: np.ndarray
     prefix: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return len(self.positions)
+
+    @property
+    def sources(self) -> int:
+        return len(self.source_mask)
 
     def select_rows(self, rows: np.ndarray) -> None:
         """Keep (and reorder) rows of the self-attention cache: rows[i] is the row that new
-        row i continues (beam search reorders by beam origin; finished rows are left out)."""
-        self.past = [np.take(cache, rows, axis=0) for cache in self.past]
+        row i continues (beam search reorders by beam origin; finished rows are left out).
+        Cache columns that are padding for every remaining row are cut on the way."""
+        past_mask = np.take(self.past_mask, rows, axis=0)
+        first = int(np.argmax(past_mask.any(axis=0))) if past_mask.size else 0
+        self.past = [np.take(cache[:, :, first:], rows, axis=0) for cache in self.past]
+        self.past_mask = np.ascontiguousarray(past_mask[:, first:])
+        self.positions = np.take(self.positions, rows)
         self.prefix = np.take(self.prefix, rows, axis=0)
 
     def select_sources(self, sources: np.ndarray) -> None:
@@ -91,12 +109,49 @@ class DecoderState:
             for cache in self.cross
         ]
 
+    def extend(self, joining: DecoderState) -> None:
+        """Append another state's sources and rows (sentences joining a running batch) after
+        ours, with the same rows per source. Sources are right-padded to the wider of the two
+        (padding masked out of cross-attention), self-attention caches left-padded to the
+        longer (masked out by past_mask): each row keeps its own real positions."""
+        width = max(self.source_mask.shape[1], joining.source_mask.shape[1])
+        self.source_mask = np.concatenate(
+            [_pad_axis(m, width, axis=1) for m in (self.source_mask, joining.source_mask)]
+        )
+        self.cross = [
+            np.concatenate([_pad_axis(a, width, axis=2), _pad_axis(b, width, axis=2)])
+            for a, b in zip(self.cross, joining.cross, strict=True)
+        ]
+        length = max(self.past_mask.shape[1], joining.past_mask.shape[1])
+        self.past_mask = np.concatenate(
+            [_pad_axis(m, length, axis=1, left=True) for m in (self.past_mask, joining.past_mask)]
+        )
+        self.past = [
+            np.concatenate([_pad_axis(a, length, 2, left=True), _pad_axis(b, length, 2, left=True)])
+            for a, b in zip(self.past, joining.past, strict=True)
+        ]
+        self.positions = np.concatenate([self.positions, joining.positions])
+        if self.prefix.shape[1] or joining.prefix.shape[1]:
+            raise ValueError("the no-cache decoder (benchmarks only) cannot join rows midway")
+        self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
+
+
+def _pad_axis(array: np.ndarray, size: int, axis: int, left: bool = False) -> np.ndarray:
+    """Zero-pad (False for masks) one axis of an array up to `size`, at its end or its start."""
+    missing = size - array.shape[axis]
+    if missing == 0:
+        return array
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (missing, 0) if left else (0, missing)
+    return np.pad(array, widths)
+
 
 @dataclass
 class StepResult:
     top_log_probs: np.ndarray  # [rows, k], best first
     top_ids: np.ndarray  # [rows, k] int64
     alignment: np.ndarray | None = None  # [rows, S], only when asked for
+    attention: np.ndarray | None = None  # [rows, L, H, S], only when asked for
     log_probs: np.ndarray | None = None  # [rows, V], only from step_log_probs
 
 
@@ -132,33 +187,45 @@ class Engine:
         )
         rows = source_ids.shape[0] * rows_per_source
         empty = np.zeros((rows, self.heads, 0, self.head_dim), dtype=np.float32)
-        prefix = np.zeros((rows, 0), dtype=np.int64)
-        return DecoderState(cross, source_mask, [empty] * len(self.past_names), prefix)
+        return DecoderState(
+            cross=cross,
+            source_mask=source_mask,
+            past=[empty] * len(self.past_names),
+            past_mask=np.zeros((rows, 0), dtype=bool),
+            positions=np.zeros(rows, dtype=np.int64),
+            prefix=np.zeros((rows, 0), dtype=np.int64),
+        )
 
     def step(
-        self, state: DecoderState, tokens: np.ndarray, top_k: int, want_alignment: bool = False
+        self,
+        state: DecoderState,
+        tokens: np.ndarray,
+        top_k: int,
+        want_alignment: bool = False,
+        want_attention: bool = False,
     ) -> StepResult:
         """Feed every row its next input token, tokens [rows] int64 (the start token first).
 
         Updates the state's cache in place and returns each row's top_k next tokens with
-        their log-probs (selected in the graph, so [rows, V] never leaves it), and this step's
-        cross-attention weights [rows, S] when asked for.
+        their log-probs (selected in the graph, so [rows, V] never leaves it), and when asked
+        for this step's cross-attention weights: the alignment [rows, S] (last layer, head
+        mean) and every layer's and head's weights [rows, L, H, S].
         """
-        return self._run(state, tokens, top_k, want_alignment)
+        return self._run(state, tokens, top_k, want_alignment, want_attention)
 
     def step_log_probs(
         self, state: DecoderState, tokens: np.ndarray, want_alignment: bool = False
     ) -> StepResult:
         """Like step, but with the full log-probs [rows, V] (for checks against torch): the
         top V, put back in vocabulary order."""
-        result = self._run(state, tokens, self.vocab_size, want_alignment)
+        result = self._run(state, tokens, self.vocab_size, want_alignment, False)
         log_probs = np.empty_like(result.top_log_probs)
         np.put_along_axis(log_probs, result.top_ids, result.top_log_probs, axis=1)
         result.log_probs = log_probs
         return result
 
     def _run(
-        self, state: DecoderState, tokens: np.ndarray, top_k: int, alignment: bool
+        self, state: DecoderState, tokens: np.ndarray, top_k: int, alignment: bool, attention: bool
     ) -> StepResult:
         feeds = {
             "source_mask": state.source_mask,
@@ -167,16 +234,24 @@ class Engine:
         }
         outputs = ["top_log_probs", "top_ids"]
         if not self.options.use_cache:
-            if alignment:  # that graph has no alignment output: say so rather than crash
+            if alignment or attention:  # that graph has no such output: say so, not crash
                 raise ValueError("the no-cache decoder (benchmarks only) returns no alignment")
             # Recompute every position of the prefix: what decoding costs without the cache.
             state.prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)
             feeds["target_ids"] = state.prefix
             return StepResult(*self.decoder.run(outputs, feeds))
         feeds["target_ids"] = tokens[:, None]
+        feeds["past_mask"] = state.past_mask
+        feeds["positions"] = state.positions
         feeds.update(zip(self.past_names, state.past, strict=True))
-        if alignment:
-            outputs.append("alignment")
-        values = self.decoder.run(outputs + self.present_names, feeds)
-        state.past = values[len(outputs) :]
-        return StepResult(*values[: len(outputs)])
+        wanted = {"alignment": alignment, "attention": attention}
+        extra = [name for name, asked in wanted.items() if asked]
+        values = self.decoder.run(outputs + extra + self.present_names, feeds)
+        found = dict(zip(outputs + extra, values, strict=False))
+        state.past = values[len(outputs) + len(extra) :]
+        # The new position is real for every row, and each row moves on by one.
+        state.past_mask = np.concatenate(
+            [state.past_mask, np.ones((state.rows, 1), dtype=bool)], axis=1
+        )
+        state.positions = state.positions + 1
+        return StepResult(**found)

@@ -1,8 +1,10 @@
 """Prometheus metrics (prefix `nmt_`), in one registry per app.
 
 They are chosen so that batching is visible from outside: how long sentences wait in the queue,
-how large the batches are (sentences and tokens), how long a batch takes and how many decoder
-steps it ran. A registry per app (not the process-wide default) lets tests build several apps.
+how large the batches are (sentences and tokens), how long a batch or a step takes, how many
+decoder steps ran, and with continuous batching how full the running batch is at each step and
+who joins and leaves it. A registry per app (not the process-wide default) lets tests build
+several apps.
 
 The scheduler reports through the `observe_*` methods (it never imports prometheus_client);
 the HTTP middleware reports requests.
@@ -27,6 +29,7 @@ from prometheus_client import (
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SENTENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -69,28 +72,29 @@ class Metrics:
         )
         self.queue_wait = Histogram(
             "nmt_queue_wait_seconds",
-            "time a sentence waited in the queue before its batch started",
+            "time a sentence waited in the queue before its batch started (or it joined the "
+            "running batch)",
             ["model"],
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
         self.batch_sentences = Histogram(
             "nmt_batch_sentences",
-            "sentences in one engine batch",
+            "sentences in one engine batch (request-level batching)",
             ["model"],
             buckets=SENTENCE_BUCKETS,
             registry=registry,
         )
         self.batch_tokens = Histogram(
             "nmt_batch_tokens",
-            "source tokens in one engine batch",
+            "source tokens in one engine batch (request-level batching)",
             ["model"],
             buckets=TOKEN_BUCKETS,
             registry=registry,
         )
         self.batch_duration = Histogram(
             "nmt_batch_duration_seconds",
-            "engine time of one batch (encode and search)",
+            "engine time of one batch, encode and search (request-level batching)",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
@@ -106,8 +110,73 @@ class Metrics:
         )
         self.decode_steps = Counter(
             "nmt_decode_steps",
-            "decoder steps run (per batch: its longest output, </s> included)",
+            "decoder steps run (request-level batching counts a batch's longest output, </s> "
+            "included)",
             ["model"],
+            registry=registry,
+        )
+        # Continuous batching (names after TGI's where it has one: tgi_batch_current_size,
+        # tgi_batch_current_max_tokens, tgi_batch_forward_duration, tgi_request_*_duration).
+        self.batch_current_size = Gauge(
+            "nmt_batch_current_size",
+            "sentences in the running batch (continuous batching), after the last step",
+            ["model"],
+            registry=registry,
+        )
+        self.batch_current_max_tokens = Gauge(
+            "nmt_batch_current_max_tokens",
+            "tokens the running batch has reserved: sources plus the caches its rows may "
+            "grow to (bounded by NMT_MAX_BATCH_TOTAL_TOKENS)",
+            ["model"],
+            registry=registry,
+        )
+        self.step_sentences = Histogram(
+            "nmt_batch_step_sentences",
+            "sentences in the running batch at one decoder step (its occupancy)",
+            ["model"],
+            buckets=SENTENCE_BUCKETS,
+            registry=registry,
+        )
+        self.forward_duration = Histogram(
+            "nmt_batch_forward_duration_seconds",
+            "engine time of one join (method=prefill: encode and merge) or one decoder step "
+            "(method=decode)",
+            ["model", "method"],
+            buckets=STEP_BUCKETS,
+            registry=registry,
+        )
+        self.joined = Counter(
+            "nmt_batch_joined_sentences",
+            "sentences that joined the running batch",
+            ["model"],
+            registry=registry,
+        )
+        self.left = Counter(
+            "nmt_batch_left_sentences",
+            "sentences that left the running batch, by reason (finished, abandoned, failed)",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.request_queue = Histogram(
+            "nmt_request_queue_duration_seconds",
+            "per translation job: from arrival until its first sentence reached the engine",
+            ["model"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.request_inference = Histogram(
+            "nmt_request_inference_duration_seconds",
+            "per translation job: from its first sentence reaching the engine to its last "
+            "sentence's end",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.time_per_token = Histogram(
+            "nmt_request_mean_time_per_token_duration_seconds",
+            "per translation job: inference time divided by the tokens it produced",
+            ["model"],
+            buckets=STEP_BUCKETS,
             registry=registry,
         )
         self.batch_failures = Counter(
@@ -172,6 +241,41 @@ class Metrics:
         self.input_tokens.labels(model).inc(input_tokens)
         self.output_tokens.labels(model).inc(output_tokens)
         self.decode_steps.labels(model).inc(steps)
+
+    def observe_join(
+        self, model: str, waits: list[float], input_tokens: int, seconds: float
+    ) -> None:
+        for wait in waits:
+            self.queue_wait.labels(model).observe(wait)
+        self.joined.labels(model).inc(len(waits))
+        self.input_tokens.labels(model).inc(input_tokens)
+        self.forward_duration.labels(model, "prefill").observe(seconds)
+
+    def observe_step(
+        self,
+        model: str,
+        sentences: int,
+        rows: int,
+        reserved_tokens: int,
+        output_tokens: int,
+        seconds: float,
+    ) -> None:
+        self.step_sentences.labels(model).observe(sentences)
+        self.batch_current_size.labels(model).set(sentences)
+        self.batch_current_max_tokens.labels(model).set(reserved_tokens)
+        self.forward_duration.labels(model, "decode").observe(seconds)
+        self.output_tokens.labels(model).inc(output_tokens)
+        self.decode_steps.labels(model).inc()
+
+    def observe_left(self, model: str, reason: str, count: int) -> None:
+        if count:
+            self.left.labels(model, reason).inc(count)
+
+    def observe_job(self, model: str, queued: float, inference: float, output_tokens: int) -> None:
+        self.request_queue.labels(model).observe(queued)
+        self.request_inference.labels(model).observe(inference)
+        if output_tokens:
+            self.time_per_token.labels(model).observe(inference / output_tokens)
 
     def observe_batch_failure(self, model: str) -> None:
         self.batch_failures.labels(model).inc()

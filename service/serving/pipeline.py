@@ -59,6 +59,8 @@ class SentenceAlignment:
     target_tokens: list[str]
     weights: list[list[float]]
     words: WordAlignment | None = None  # the same, by word, with the hard alignment
+    layer: int | None = None  # the decoder layer the weights come from (0 = first)
+    head_weights: list[list[list[float]]] | None = None  # [head][target][source], if asked
 
 
 @dataclass
@@ -135,6 +137,14 @@ class TranslationService:
         client_gone: Callable[[], Awaitable[object]] | None = None,
         split: SplitMode = "sentences",
     ) -> RequestResult:
+        layers = model.bundle.dims["decoder_layers"]
+        if options.alignment and not -layers <= options.alignment_layer < layers:
+            raise InvalidInput(
+                ("body", "alignment_layer"),
+                f"alignment_layer is {options.alignment_layer}; {model.name} has {layers} "
+                f"decoder layers: 0 to {layers - 1}",
+                "alignment_layer",
+            )
         characters = sum(len(text) for text in texts)
         quota = self.settings.character_limit
         if quota and self.characters_translated + characters > quota:
@@ -278,6 +288,7 @@ def _assemble(
     options: SearchOptions,
 ) -> RequestResult:
     tokenizer = model.translator.tokenizer
+    layers = model.bundle.dims["decoder_layers"]
     results: list[TextResult] = []
     for split, slots in zip(prepared.splits, prepared.slots, strict=True):
         # Each sentence's alternatives as (text, score), best first.
@@ -301,7 +312,9 @@ def _assemble(
             alignment = [
                 SentenceAlignment([], [], [])
                 if slot is None
-                else _alignment(tokenizer, prepared.sources[slot], hypotheses[slot][0])
+                else _alignment(
+                    tokenizer, prepared.sources[slot], hypotheses[slot][0], options, layers
+                )
                 for slot in slots
             ]
         results.append(TextResult(n_best[0].text, n_best[0].score, n_best, alignment))
@@ -315,7 +328,11 @@ def _assemble(
 
 
 def _alignment(
-    tokenizer: BundleTokenizer, source: list[int], best: Hypothesis
+    tokenizer: BundleTokenizer,
+    source: list[int],
+    best: Hypothesis,
+    options: SearchOptions,
+    layers: int,
 ) -> SentenceAlignment:
     weights = best.alignment
     rows = 0 if weights is None else weights.shape[0]
@@ -325,9 +342,14 @@ def _alignment(
     source_pieces = tokenizer.source_pieces(source)
     if weights is None:
         return SentenceAlignment(source_pieces, target_pieces[:rows], [])
+    heads = best.head_alignment  # [target, heads, source] or None
     return SentenceAlignment(
         source_tokens=source_pieces,
         target_tokens=target_pieces[:rows],
         weights=weights.astype(float).round(WEIGHT_DECIMALS).tolist(),
         words=word_alignment(source_pieces, target_pieces[:rows], weights, WEIGHT_DECIMALS),
+        layer=options.alignment_layer % layers,
+        head_weights=None
+        if heads is None
+        else heads.transpose(1, 0, 2).astype(float).round(WEIGHT_DECIMALS).tolist(),
     )

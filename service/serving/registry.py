@@ -14,11 +14,13 @@ from pathlib import Path
 
 from service.runtime.bundle import Bundle, BundleError, load_bundle
 from service.runtime.engine import EngineOptions
+from service.runtime.running_batch import RunningBatch, running_batch
 from service.runtime.search import Abandoned, Hypothesis, SearchOptions
 from service.runtime.translator import Translator
+from service.serving.continuous import ContinuousScheduler
 from service.serving.errors import UnknownPair
 from service.serving.metrics import Metrics
-from service.serving.scheduler import BatchLimits, BatchScheduler
+from service.serving.scheduler import BatchLimits, BatchScheduler, Scheduler
 from service.serving.settings import Settings
 
 log = logging.getLogger("nmt.registry")
@@ -30,7 +32,7 @@ WARMUP_SENTENCES = ["Bonjour.", "Un homme marche dans la rue avec son chien."]
 class LoadedModel:
     bundle: Bundle
     translator: Translator
-    scheduler: BatchScheduler
+    scheduler: Scheduler
     max_tokens_per_sentence: int  # the setting, capped by the model's positions
     load_seconds: float
 
@@ -140,10 +142,19 @@ class ModelRegistry:
             max_sentences=settings.max_batch_size,
             max_tokens=settings.max_batch_tokens,
             max_wait=settings.max_batch_wait_seconds,
+            max_total_tokens=settings.max_batch_total_tokens,
             max_queued=settings.max_queue_sentences,
             retry_after=settings.retry_after_seconds,
         )
-        scheduler = BatchScheduler(bundle.name, run_batch, limits, self.metrics)
+        scheduler: Scheduler
+        if settings.batching == "continuous":
+
+            def new_batch(beam_size: int) -> RunningBatch:
+                return running_batch(translator.engine, beam_size)
+
+            scheduler = ContinuousScheduler(bundle.name, new_batch, limits, self.metrics)
+        else:
+            scheduler = BatchScheduler(bundle.name, run_batch, limits, self.metrics)
         scheduler.start()
         seconds = time.monotonic() - started
         if self.metrics:

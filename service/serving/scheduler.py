@@ -1,23 +1,29 @@
-"""Dynamic batching: sentences of concurrent requests share one engine batch.
+"""Dynamic batching: sentences of concurrent requests share the engine.
 
-One `BatchScheduler` per model owns a queue and one worker thread. The event loop only
-appends to the queue and awaits futures; the worker thread takes the oldest sentence, gathers
-the queued sentences that share its `SearchOptions` (the engine can only batch rows decoded the
-same way), up to `max_sentences` and `max_tokens`, waiting at most `max_wait` after the oldest
-one arrived for companions, and runs them as one batch. While it decodes, new sentences pile up,
-so under load batches fill by themselves and nobody waits for the timer.
+Two schedulers share the event-loop side (`Scheduler`: a queue per model, admission with
+`QueueFull`, deadlines, cancellation, draining on shutdown) and differ in their worker:
 
-The wait is skipped while traffic is sequential, that is after a batch of one sentence: a lone
-client would otherwise pay `max_wait` on every request for companions that never come
-(docs/service.md measures what that costs). The first batch after a shared one waits again.
+* `ContinuousScheduler` (service/serving/continuous.py, the default): iteration-level
+  batching. Queued sentences join the running batch between two decoder steps and leave it as
+  soon as they end; a request is answered when its last sentence ends.
+* `BatchScheduler` (here, `NMT_BATCHING=request`): request-level batching. The worker takes
+  the oldest sentence, gathers the queued sentences that share its `SearchOptions`, up to
+  `max_sentences` and `max_tokens`, waiting at most `max_wait` after the oldest one arrived
+  for companions, and decodes them as one batch to the end. While it decodes, new sentences
+  pile up, so under load batches fill by themselves and nobody waits for the timer.
+
+  The wait is skipped while traffic is sequential, that is after a batch of one sentence: a
+  lone client would otherwise pay `max_wait` on every request for companions that never come
+  (docs/service.md measures what that costs). The first batch after a shared one waits again.
 
 Each request is a `Job`: its results come back in its own order whatever batches its sentences
-landed in. A job that is cancelled (client gone) or past its deadline leaves the queue at once.
-If a batch fails, its sentences are retried one by one so that only the culprit's job fails.
+landed in. A job that is cancelled (client gone) or past its deadline leaves the queue at once,
+and its rows leave a running batch between two steps. If the engine fails, the sentences
+concerned are retried one by one so that only the culprit's job fails.
 
-Two parts: `BatchQueue` is the batching policy (what is queued, which batch is due, when to
-wait, what expired), a plain object with no thread and no clock of its own, so it is tested
-with made-up times; `BatchScheduler` runs it on a worker thread with a clock (injectable too).
+`BatchQueue` is the batching policy (what is queued, which batch is due, when to wait, what
+expired), a plain object with no thread and no clock of its own, so it is tested with made-up
+times; the schedulers run it on a worker thread with a clock (injectable too).
 
 Knows nothing of HTTP: it raises `QueueFull`, `ShuttingDown` and `DeadlineExceeded`.
 """
@@ -30,7 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -63,7 +69,37 @@ class BatchObserver(Protocol):
 
     def observe_batch_failure(self, model: str) -> None: ...
 
+    def observe_step(
+        self,
+        model: str,
+        sentences: int,
+        rows: int,
+        reserved_tokens: int,
+        output_tokens: int,
+        seconds: float,
+    ) -> None: ...
+
+    def observe_join(
+        self, model: str, waits: list[float], input_tokens: int, seconds: float
+    ) -> None: ...
+
+    def observe_left(self, model: str, reason: str, count: int) -> None: ...
+
+    def observe_job(
+        self, model: str, queued: float, inference: float, output_tokens: int
+    ) -> None: ...
+
     def observe_dropped(self, model: str, reason: str, count: int) -> None: ...
+
+
+@dataclass
+class Room:
+    """What a running batch may still take: sentences, reserved tokens (source plus the
+    self-attention cache its rows may grow to), and whether it is empty."""
+
+    sentences: int
+    tokens: int
+    empty: bool
 
 
 @dataclass(frozen=True)
@@ -71,6 +107,9 @@ class BatchLimits:
     max_sentences: int = 32
     max_tokens: int = 4096
     max_wait: float = 0.005  # seconds
+    # Continuous batching: the running batch's reserved tokens, summed over its sentences:
+    # source + beams * length limit (TGI's max-batch-total-tokens).
+    max_total_tokens: int = 16384
     max_queued: int = 1024  # sentences waiting (not counting the batch being decoded)
     retry_after: int = 1  # seconds, told to clients refused with QueueFull
 
@@ -102,6 +141,9 @@ class Job:
         self.options = options
         self.deadline = deadline  # on the scheduler's clock
         self.timeout = deadline - now
+        self.created = now
+        self.started: float | None = None  # when its first sentence reached the engine
+        self.output_tokens = 0
         self.results: list[list[Hypothesis] | None] = [None] * len(sources)
         self.remaining = len(sources)
         self.closed = False  # finished, failed or cancelled: no more work (under the lock)
@@ -187,6 +229,35 @@ class BatchQueue:
         self.last_batch_shared = len(batch) > 1
         return batch, 0.0
 
+    def take_joiners(
+        self,
+        rooms: dict[Hashable, Room],
+        key_of: Callable[[QueuedSentence], Hashable],
+        cost_of: Callable[[QueuedSentence], int],
+    ) -> list[QueuedSentence]:
+        """Continuous batching: the queued sentences that join the running batches now, taken
+        off the queue. Oldest first; for each batch key (`rooms`: what its running batch may
+        still take), until one does not fit. Later sentences of that key then wait too, so
+        that a long sentence is never overtaken for ever by shorter ones. A sentence joining
+        an empty batch is taken whatever its cost, so that it can be served at all."""
+        taken: list[QueuedSentence] = []
+        blocked: set[Hashable] = set()
+        for item in self.items:
+            key = key_of(item)
+            room = rooms.get(key)
+            if key in blocked or room is None:
+                continue
+            cost = cost_of(item)
+            if room.sentences < 1 or (cost > room.tokens and not room.empty):
+                blocked.add(key)
+                continue
+            taken.append(item)
+            room.sentences, room.tokens, room.empty = room.sentences - 1, room.tokens - cost, False
+        if taken:
+            chosen = {id(item) for item in taken}
+            self.items = deque(item for item in self.items if id(item) not in chosen)
+        return taken
+
     def _gather(self, options: SearchOptions) -> tuple[list[QueuedSentence], bool]:
         """The oldest queued sentences decoded with `options`, within the batch limits.
         `full` is True when the limits, not the queue, ended the batch."""
@@ -204,11 +275,14 @@ class BatchQueue:
         return batch, False
 
 
-class BatchScheduler:
+class Scheduler:
+    """What both schedulers share: the event-loop side (submit, cancel, close), which never
+    waits for the model, and the bookkeeping of jobs under the lock. Subclasses provide the
+    worker (`_work`)."""
+
     def __init__(
         self,
         model: str,
-        run_batch: BatchRunner,
         limits: BatchLimits,
         observer: BatchObserver | None = None,
         clock: Clock = time.monotonic,
@@ -216,7 +290,6 @@ class BatchScheduler:
         self.model = model
         self.limits = limits
         self.clock = clock
-        self._run_batch = run_batch
         self._observer = observer
         self._queue = BatchQueue(model, limits)
         self._lock = threading.Condition()
@@ -262,6 +335,81 @@ class BatchScheduler:
             self._lock.notify()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def _work(self) -> None:
+        raise NotImplementedError
+
+    def _fail(self, item: QueuedSentence, error: Exception) -> None:
+        log.warning("engine failed on one sentence (%d tokens): %s", item.tokens, error)
+        with self._lock:
+            if item.job.closed:
+                return
+            dropped = self._close_job(item.job)
+        self._report_dropped("failed_job", dropped)
+        item.job.settle(SentenceFailed(item.index, _short(error)))
+
+    def _record(self, item: QueuedSentence, hypotheses: list[Hypothesis]) -> bool:
+        """Under the lock: store a sentence's result; True when that completes its job."""
+        job = item.job
+        job.results[item.index] = hypotheses
+        job.output_tokens += len(hypotheses[0].tokens)
+        job.remaining -= 1
+        if job.remaining:
+            return False
+        job.closed = True
+        return True
+
+    def _answer(self, finished: list[Job], expired: list[Job]) -> None:
+        """Outside the lock: resolve the jobs that are complete or ran out of time."""
+        now = self.clock()
+        for job in finished:
+            job.settle(job.results)  # type: ignore[arg-type]  # every slot is filled now
+            if self._observer:
+                started = job.created if job.started is None else job.started
+                self._observer.observe_job(
+                    self.model, started - job.created, now - started, job.output_tokens
+                )
+        for job in expired:
+            job.settle(DeadlineExceeded(job.timeout))
+
+    # Under the lock.
+
+    def _close_job(self, job: Job) -> int:
+        """Mark a job closed and drop its queued sentences; returns how many were dropped."""
+        job.closed = True
+        dropped = self._queue.remove(job)
+        self._report_depth()
+        return dropped
+
+    def _drop_expired(self) -> None:
+        for job in self._queue.expired_jobs(self.clock()):
+            dropped = self._close_job(job)
+            self._report_dropped("deadline", dropped)
+            job.settle(DeadlineExceeded(job.timeout))
+
+    def _report_depth(self) -> None:
+        if self._observer:
+            self._observer.observe_queue_depth(self.model, len(self._queue))
+
+    def _report_dropped(self, reason: str, count: int) -> None:
+        if self._observer:
+            self._observer.observe_dropped(self.model, reason, count)
+
+
+class BatchScheduler(Scheduler):
+    """Request-level batching (NMT_BATCHING=request): a batch is decoded to its end before
+    the worker looks at the queue again."""
+
+    def __init__(
+        self,
+        model: str,
+        run_batch: BatchRunner,
+        limits: BatchLimits,
+        observer: BatchObserver | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(model, limits, observer, clock)
+        self._run_batch = run_batch
 
     # Worker-thread side.
 
@@ -313,6 +461,9 @@ class BatchScheduler:
     def _translate(self, batch: list[QueuedSentence], options: SearchOptions) -> None:
         started = self.clock()
         sources = [item.job.sources[item.index] for item in batch]
+        for item in batch:
+            if item.job.started is None:
+                item.job.started = started
 
         def abandoned() -> list[bool]:
             """Between decoder steps: rows of requests that were cancelled (client gone, or
@@ -345,47 +496,9 @@ class BatchScheduler:
                     self._close_job(job)
                     expired.append(job)
                     continue
-                job.results[item.index] = hypotheses
-                job.remaining -= 1
-                if job.remaining == 0:
-                    job.closed = True
+                if self._record(item, hypotheses):
                     finished.append(job)
-        for job in finished:
-            job.settle(job.results)  # type: ignore[arg-type]  # every slot is filled now
-        for job in expired:
-            job.settle(DeadlineExceeded(job.timeout))
-
-    def _fail(self, item: QueuedSentence, error: Exception) -> None:
-        log.warning("engine failed on one sentence (%d tokens): %s", item.tokens, error)
-        with self._lock:
-            if item.job.closed:
-                return
-            dropped = self._close_job(item.job)
-        self._report_dropped("failed_job", dropped)
-        item.job.settle(SentenceFailed(item.index, _short(error)))
-
-    # Under the lock.
-
-    def _close_job(self, job: Job) -> int:
-        """Mark a job closed and drop its queued sentences; returns how many were dropped."""
-        job.closed = True
-        dropped = self._queue.remove(job)
-        self._report_depth()
-        return dropped
-
-    def _drop_expired(self) -> None:
-        for job in self._queue.expired_jobs(self.clock()):
-            dropped = self._close_job(job)
-            self._report_dropped("deadline", dropped)
-            job.settle(DeadlineExceeded(job.timeout))
-
-    def _report_depth(self) -> None:
-        if self._observer:
-            self._observer.observe_queue_depth(self.model, len(self._queue))
-
-    def _report_dropped(self, reason: str, count: int) -> None:
-        if self._observer:
-            self._observer.observe_dropped(self.model, reason, count)
+        self._answer(finished, expired)
 
 
 def _short(error: Exception, limit: int = 300) -> str:

@@ -122,15 +122,33 @@ class Settings(BaseSettings):
     )
 
     # Dynamic batching and the queue
-    max_batch_size: int = Field(32, gt=0, description="sentences in one engine batch")
+    batching: Literal["continuous", "request"] = Field(
+        "continuous",
+        description="continuous: sentences join and leave the running batch between decoder "
+        "steps; request: a batch is decoded to its end before the next one starts",
+    )
+    max_batch_size: int = Field(
+        32, gt=0, description="sentences in one engine batch (or the running batch)"
+    )
+    max_batch_total_tokens: int = Field(
+        16384,
+        gt=0,
+        description="continuous batching: tokens the running batch may reserve, summed over "
+        "its sentences (source + beam size x length limit); a sentence that would pass it "
+        "waits",
+    )
     max_batch_tokens: int = Field(
-        4096, gt=0, description="source tokens in one engine batch (summed over its sentences)"
+        4096,
+        gt=0,
+        description="request-level batching: source tokens in one engine batch (summed over "
+        "its sentences)",
     )
     max_batch_wait_ms: float = Field(
         5.0,
         ge=0,
-        description="how long the oldest waiting sentence may wait for companions to fill a "
-        "batch; skipped after a batch of one sentence (sequential traffic)",
+        description="request-level batching: how long the oldest waiting sentence may wait "
+        "for companions to fill a batch; skipped after a batch of one sentence (sequential "
+        "traffic)",
     )
     max_queue_sentences: int = Field(
         1024,

@@ -1,0 +1,530 @@
+"""A running batch: sentences join and leave it between decoder steps (continuous batching).
+
+Decoding a sentence is a loop of decoder steps. A `RunningBatch` runs that loop for many
+sentences at once, and lets the caller change who is in it between two steps:
+
+* `join(sentences)` encodes new sentences (one encoder call for all of them) and merges them
+  in: their cross-attention keys/values are appended after the others' (source padding masked
+  out), and their rows get an empty self-attention cache, left-padded to the batch's current
+  cache length and masked out by `past_mask`. Each row keeps its own position, so a sentence
+  decodes exactly as it would alone, whatever step the others are at.
+* `step()` runs one decoder step for every row, chooses each row's next token, and returns the
+  sentences that ended: they leave the batch (and its caches) at once.
+* `drop(condition)` takes sentences out that nobody waits for any more.
+
+The rows of a sentence: 1 in greedy search; K (the beam size) in beam search, from the moment
+it joins (the graph needs the same K rows for every source). A new sentence's beams 1..K-1
+start with a score of -inf, so its first step picks the K best first tokens of beam 0 only,
+exactly as a search that starts with one beam. `GreedyBatch` and `BeamBatch` differ only in
+how they choose (`_choose`); joining, leaving and the caches are shared.
+
+What the maths needs all rows of one batch to share is the beam size (rows per source). The
+rest is per sentence: length limit, length penalty, n-best, repetition guard, alignment.
+
+Same conventions as the torch reference (export/decoding.py), written once in nmt_contract:
+* a sentence may produce at most `length_limit(source_length)` tokens, </s> included;
+* a hypothesis' raw score (log_prob) is the sum of its tokens' log-probs;
+* hypotheses are ranked by log_prob / length ** length_penalty.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nmt_contract import Hypothesis, length_limit
+from service.runtime.engine import DecoderState, Engine, StepResult
+
+PADDING = -1  # in `sequences`, before the first token of a row that joined later
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    n_best: int = 1
+    max_length: int = 256
+    alignment: bool = False
+    # Stop a hypothesis before it repeats an n-gram (n <= MAX_REPEAT_NGRAM) more than this
+    # many times in a row (a model fed garbage loops: "the man the man the man ..."); 0: off.
+    max_repeats: int = 0
+    # With alignment: which decoder layer's cross-attention (0 = first, -1 = last), and
+    # whether to keep its heads apart (Hypothesis.head_alignment) besides their mean.
+    alignment_layer: int = -1
+    alignment_heads: bool = False
+
+
+MAX_REPEAT_NGRAM = 4
+
+
+def repeat_closers(sequences: np.ndarray, max_repeats: int) -> np.ndarray:
+    """sequences [rows, L] (tokens so far) -> [rows, MAX_REPEAT_NGRAM] token ids, -1 for none:
+    for each n, the token that would make the row end in max_repeats + 1 copies of one n-gram.
+    The last n*(max_repeats+1) - 1 tokens must already repeat with period n; the closing token
+    is then the one n positions back. (PADDING never matches a real token.)"""
+    rows, length = sequences.shape
+    closers = np.full((rows, MAX_REPEAT_NGRAM), -1, dtype=np.int64)
+    if max_repeats <= 0:
+        return closers
+    for n in range(1, MAX_REPEAT_NGRAM + 1):
+        span = n * (max_repeats + 1) - 1
+        if length < span:
+            break
+        tail = sequences[:, length - span :]  # [rows, span]
+        periodic = np.all(tail[:, n:] == tail[:, :-n], axis=1)
+        closers[periodic, n - 1] = tail[periodic, span - n]
+    return closers
+
+
+def pad_sources(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists -> source_ids [B, S] int64 and source_mask [B, S] bool."""
+    width = max(len(s) for s in sources)
+    ids = np.full((len(sources), width), pad_id, dtype=np.int64)
+    for row, source in enumerate(sources):
+        ids[row, : len(source)] = source
+    mask = np.arange(width)[None, :] < np.array([len(s) for s in sources])[:, None]
+    return ids, mask
+
+
+@dataclass(eq=False)
+class Sentence:
+    """One source sentence to decode (ids ending in </s>), how, and the caller's handle."""
+
+    source: list[int]
+    options: SearchOptions
+    ticket: Hashable = None
+
+
+@dataclass
+class Finished:
+    """A sentence that left the batch: its n-best hypotheses, best first ([] if dropped)."""
+
+    sentence: Sentence
+    hypotheses: list[Hypothesis]
+    steps: int  # decoder steps it took part in
+
+
+def batch_key(options: SearchOptions) -> int:
+    """Sentences that may share a running batch: the same rows per source (beam size)."""
+    return options.beam_size
+
+
+def running_batch(engine: Engine, beam_size: int) -> RunningBatch:
+    return GreedyBatch(engine) if beam_size == 1 else BeamBatch(engine, beam_size)
+
+
+@dataclass
+class _PerSentence:
+    """Per live sentence, in row-group order (sentence j owns rows j*K .. j*K+K-1)."""
+
+    limit: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    penalty: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    repeats: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    source_length: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    alignment: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    layer: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    heads: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def append(self, engine: Engine, sentences: list[Sentence]) -> None:
+        def grow(old: np.ndarray, new: list) -> np.ndarray:
+            return np.concatenate([old, np.array(new, dtype=old.dtype)])
+
+        lengths = [len(s.source) for s in sentences]
+        limits = [
+            length_limit(n, s.options.max_length, engine.max_positions)
+            for n, s in zip(lengths, sentences, strict=True)
+        ]
+        self.limit = grow(self.limit, limits)
+        self.steps = grow(self.steps, [0] * len(sentences))
+        self.penalty = grow(self.penalty, [s.options.length_penalty for s in sentences])
+        self.repeats = grow(self.repeats, [s.options.max_repeats for s in sentences])
+        self.source_length = grow(self.source_length, lengths)
+        self.alignment = grow(self.alignment, [s.options.alignment for s in sentences])
+        layers = engine.layers
+        self.layer = grow(self.layer, [s.options.alignment_layer % layers for s in sentences])
+        self.heads = grow(self.heads, [s.options.alignment_heads for s in sentences])
+
+    def keep(self, kept: np.ndarray) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name)[kept])
+
+
+class RunningBatch(ABC):
+    """The rows being decoded, for sentences that share one beam size."""
+
+    def __init__(self, engine: Engine, rows_per_sentence: int) -> None:
+        self.engine = engine
+        self.beams = rows_per_sentence  # K
+        self.sentences: list[Sentence] = []  # live, in row-group order
+        self.per_sentence = _PerSentence()
+        self.state: DecoderState | None = None
+        # Per row: the tokens chosen so far, right-aligned like the cache (PADDING in front of
+        # rows that joined later) [rows, T]; the token each row feeds next [rows]; and, while
+        # a sentence of the batch wants it, the alignment so far, head by head, of the layer
+        # its sentence asked for [rows, T, H, S].
+        self.sequences = np.zeros((0, 0), dtype=np.int64)
+        self.feed = np.zeros(0, dtype=np.int64)
+        self.history: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    @property
+    def rows(self) -> int:
+        return len(self.sentences) * self.beams
+
+    def reserved_tokens(self) -> int:
+        """What the batch may grow to hold: each sentence's source keys/values plus its rows'
+        self-attention caches at their length limit (TGI's max-batch-total-tokens idea)."""
+        return int(sum(self.per_sentence.source_length) + self.beams * sum(self.per_sentence.limit))
+
+    def cost_of(self, sentence: Sentence) -> int:
+        """What joining `sentence` adds to reserved_tokens()."""
+        options, engine = sentence.options, self.engine
+        limit = length_limit(len(sentence.source), options.max_length, engine.max_positions)
+        return len(sentence.source) + self.beams * limit
+
+    # Joining.
+
+    def join(self, sentences: list[Sentence]) -> None:
+        """Encode new sentences and merge them into the batch; they take part from the next
+        step on. Every source must end in </s>."""
+        if not sentences:
+            return
+        for sentence in sentences:
+            if not -self.engine.layers <= sentence.options.alignment_layer < self.engine.layers:
+                raise ValueError(
+                    f"alignment_layer must be between {-self.engine.layers} and "
+                    f"{self.engine.layers - 1}, got {sentence.options.alignment_layer}"
+                )
+            if batch_key(sentence.options) != self.beams:
+                raise ValueError(
+                    f"beam size {sentence.options.beam_size} in a batch of {self.beams}"
+                )
+        source_ids, source_mask = pad_sources([s.source for s in sentences], self.engine.pad_id)
+        joining = self.engine.start(source_ids, source_mask, rows_per_source=self.beams)
+        new_rows = len(sentences) * self.beams
+        if self.state is None or not self.sentences:
+            self.state = joining
+            self.sequences = np.zeros((new_rows, 0), dtype=np.int64)
+            self.feed = np.zeros(0, dtype=np.int64)
+            self.history = None
+        else:
+            self.state.extend(joining)
+            padding = np.full((new_rows, self.sequences.shape[1]), PADDING, dtype=np.int64)
+            self.sequences = np.concatenate([self.sequences, padding])
+        self.feed = np.concatenate([self.feed, np.full(new_rows, self.engine.start_id)])
+        self.sentences.extend(sentences)
+        self.per_sentence.append(self.engine, sentences)
+        if self.history is not None or any(s.options.alignment for s in sentences):
+            self._grow_history(new_rows)
+        self._joined(len(sentences))
+
+    def _grow_history(self, new_rows: int) -> None:
+        """Alignment rows for the new rows (zeros: before they joined), wide enough for every
+        source; started for every row when the first sentence that wants it joins."""
+        shape = (self.rows, self.sequences.shape[1], self.engine.heads)
+        width = self.state.source_mask.shape[1]
+        if self.history is None:
+            self.history = np.zeros((*shape, width), dtype=np.float32)
+            return
+        old = self.history
+        grown = np.zeros((*shape, width), dtype=np.float32)
+        grown[: len(old), :, :, : old.shape[3]] = old
+        self.history = grown
+
+    @abstractmethod
+    def _joined(self, count: int) -> None:
+        """Set up the strategy's own state for the `count` sentences just appended."""
+
+    # Stepping.
+
+    def step(self) -> list[Finished]:
+        """One decoder step for every row; returns the sentences that ended (they have left)."""
+        if not self.sentences:
+            return []
+        want_alignment = bool(self.per_sentence.alignment.any())
+        result = self.engine.step(
+            self.state, self.feed, top_k=self._top_k(), want_attention=want_alignment
+        )
+        if want_alignment:
+            # Each row keeps the heads of its own sentence's layer: [rows, 1, H, S].
+            layer_of_row = np.repeat(self.per_sentence.layer, self.beams)
+            chosen = result.attention[np.arange(self.rows), layer_of_row]  # [rows, H, S]
+            step_weights = np.zeros((self.rows, 1, *self.history.shape[2:]), dtype=np.float32)
+            step_weights[:, 0, :, : chosen.shape[2]] = chosen
+            self.history = np.concatenate([self.history, step_weights], axis=1)
+        self.per_sentence.steps += 1
+        return self._choose(result)
+
+    @abstractmethod
+    def _top_k(self) -> int:
+        """How many best next tokens a row needs to see this step."""
+
+    @abstractmethod
+    def _choose(self, result: StepResult) -> list[Finished]:
+        """Pick every row's next token from the step's top-k; finish and remove sentences."""
+
+    def _closers(self) -> np.ndarray:
+        """[rows, MAX_REPEAT_NGRAM]: the tokens that would make each row repeat an n-gram
+        once too often (-1: none), under its own sentence's max_repeats."""
+        closers = np.full((self.rows, MAX_REPEAT_NGRAM), -1, dtype=np.int64)
+        repeats_of_row = np.repeat(self.per_sentence.repeats, self.beams)
+        for repeats in np.unique(repeats_of_row[repeats_of_row > 0]):
+            rows = np.flatnonzero(repeats_of_row == repeats)
+            window = MAX_REPEAT_NGRAM * (int(repeats) + 1)
+            closers[rows] = repeat_closers(self.sequences[rows, -window:], int(repeats))
+        return closers
+
+    # Leaving.
+
+    def drop(self, condition: Callable[[Sentence], bool]) -> list[Finished]:
+        """Take out the sentences for which condition(sentence) holds (nobody waits for them
+        any more); they come back with no hypothesis."""
+        gone = np.array([condition(s) for s in self.sentences], dtype=bool)
+        if not gone.any():
+            return []
+        dropped = [
+            Finished(self.sentences[j], [], int(self.per_sentence.steps[j]))
+            for j in np.flatnonzero(gone)
+        ]
+        kept = np.flatnonzero(~gone)
+        rows = (kept[:, None] * self.beams + np.arange(self.beams)[None, :]).reshape(-1)
+        self._keep(kept, rows, self.feed[rows])
+        return dropped
+
+    def _keep(self, kept: np.ndarray, rows: np.ndarray, feed: np.ndarray) -> None:
+        """Keep sentences `kept` (positions) with rows `rows` (row j continues old row
+        rows[j], so beams may be reordered) that feed `feed` next. Cuts the cache, sequence
+        and alignment columns that only departed rows needed."""
+        self._kept(kept)
+        self.sentences = [self.sentences[i] for i in kept]
+        self.per_sentence.keep(kept)
+        if not self.sentences:
+            self.state, self.history = None, None
+            self.sequences = np.zeros((0, 0), dtype=np.int64)
+            self.feed = np.zeros(0, dtype=np.int64)
+            return
+        before = self.state.past_mask.shape[1]
+        self.state.select_rows(rows)
+        cut = before - self.state.past_mask.shape[1]  # leading columns nobody needs now
+        if len(kept) < self.state.sources:  # kept is ascending: fewer means some left
+            self.state.select_sources(kept)
+        self.sequences = self.sequences[rows, cut:]
+        self.feed = feed
+        if self.history is not None:
+            if self.per_sentence.alignment.any():
+                width = self.state.source_mask.shape[1]
+                self.history = np.ascontiguousarray(self.history[rows, cut:, :, :width])
+            else:
+                self.history = None
+
+    @abstractmethod
+    def _kept(self, kept: np.ndarray) -> None:
+        """Keep the strategy's own per-sentence state for sentences `kept` (positions)."""
+
+    def _own(self, array: np.ndarray, row: int, sentence: int, count: int) -> np.ndarray:
+        """The first `count` of a row's own columns (from the step its sentence joined) in a
+        right-aligned per-row array whose last column is this step's."""
+        start = array.shape[1] - int(self.per_sentence.steps[sentence])
+        return array[row, start : start + count]
+
+    def _alignment_of(self, row: int, sentence: int, count: int) -> dict:
+        """A row's alignment over its first `count` steps, if its sentence wants it: the
+        Hypothesis fields alignment [count, source length] (head mean) and head_alignment
+        [count, H, source length] (when asked for)."""
+        if not self.per_sentence.alignment[sentence]:
+            return {}
+        source_length = int(self.per_sentence.source_length[sentence])
+        heads = self._own(self.history, row, sentence, count)[:, :, :source_length]
+        found = {"alignment": heads.mean(axis=1)}
+        if self.per_sentence.heads[sentence]:
+            found["head_alignment"] = heads.copy()
+        return found
+
+
+class GreedyBatch(RunningBatch):
+    """Each row takes its single most likely next token; a sentence leaves when it ends."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine, 1)
+        self.log_probs = np.zeros(0)  # [sentences] sum of the chosen tokens' log-probs
+
+    def _joined(self, count: int) -> None:
+        self.log_probs = np.concatenate([self.log_probs, np.zeros(count)])
+
+    def _kept(self, kept: np.ndarray) -> None:
+        self.log_probs = self.log_probs[kept]
+
+    def _top_k(self) -> int:
+        # With the repetition guard on, each row also gets its second choice, taken when the
+        # first would repeat an n-gram once too often (the model then usually leaves the loop).
+        return 2 if self.per_sentence.repeats.any() else 1
+
+    def _choose(self, result: StepResult) -> list[Finished]:
+        eos = self.engine.eos_id
+        best, best_log_prob = result.top_ids[:, 0], result.top_log_probs[:, 0]  # [rows]
+        stuck = np.zeros(len(best), dtype=bool)  # both choices would loop: end before them
+        if self.per_sentence.repeats.any():
+            closers = self._closers()
+
+            def loops(tokens: np.ndarray) -> np.ndarray:
+                return (closers == tokens[:, None]).any(axis=1) & (tokens != eos)
+
+            first_loops, second = loops(best), result.top_ids[:, 1]
+            use_second = first_loops & ~loops(second)
+            best = np.where(use_second, second, best)
+            best_log_prob = np.where(use_second, result.top_log_probs[:, 1], best_log_prob)
+            stuck = first_loops & ~use_second
+        self.log_probs += np.where(stuck, 0.0, best_log_prob)
+        self.sequences = np.concatenate([self.sequences, best[:, None]], axis=1)
+        steps = self.per_sentence.steps
+        ended = (best == eos) | (steps >= self.per_sentence.limit) | stuck
+
+        finished = []
+        for row in np.flatnonzero(ended):
+            produced = int(steps[row]) - int(stuck[row])  # tokens, </s> included
+            tokens = self._own(self.sequences, row, row, produced).tolist()
+            if tokens and tokens[-1] == eos:
+                tokens.pop()
+            penalty = self.per_sentence.penalty[row]
+            score = float(self.log_probs[row] / max(produced, 1) ** penalty)
+            alignment = self._alignment_of(row, row, produced)
+            hypothesis = Hypothesis(tokens, score, float(self.log_probs[row]), **alignment)
+            finished.append(Finished(self.sentences[row], [hypothesis], int(steps[row])))
+        if finished:
+            kept = np.flatnonzero(~ended)
+            self._keep(kept, kept, best[kept])
+        else:
+            self.feed = best
+        return finished
+
+
+class BeamBatch(RunningBatch):
+    """K open hypotheses (beams) per sentence. Each step ranks the 2K best continuations of a
+    sentence's K open beams. A candidate ending in </s> among the first K is finished; the
+    best K others stay open. A sentence is done when it has K finished hypotheses and its best
+    open beam, scored at the current length, cannot beat the worst of them, or at its length
+    limit; it then leaves the batch.
+
+    The bookkeeping is vectorized over sentences; only finished hypotheses are handled one by
+    one (a few per sentence in all).
+    """
+
+    def __init__(self, engine: Engine, beam_size: int) -> None:
+        super().__init__(engine, beam_size)
+        self.scores = np.zeros((0, beam_size))  # [sentences, K]: sum of log-probs so far
+        self.finished: list[list[Hypothesis]] = []  # per sentence
+        self.kth_best = np.zeros(0)  # score of the K-th best finished hypothesis, if K exist
+
+    def _joined(self, count: int) -> None:
+        # Beam 0 starts at 0; the other K-1 copies at -inf, so that the first step ranks only
+        # beam 0's continuations: the K best first tokens make the K beams.
+        start = np.full((count, self.beams), -np.inf)
+        start[:, 0] = 0.0
+        self.scores = np.concatenate([self.scores, start])
+        self.finished.extend([] for _ in range(count))
+        self.kth_best = np.concatenate([self.kth_best, np.full(count, -np.inf)])
+
+    def _kept(self, kept: np.ndarray) -> None:
+        self.scores = self.scores[kept]
+        self.finished = [self.finished[i] for i in kept]
+        self.kth_best = self.kth_best[kept]
+
+    def _top_k(self) -> int:
+        # Each beam's K+1 best next tokens are enough: ranking a sentence's continuations stops
+        # once K are kept open, so no beam gets more than K open ones and one </s> in.
+        return self.beams + 1
+
+    def _choose(self, result: StepResult) -> list[Finished]:
+        eos, width = self.engine.eos_id, self.beams
+        live, per_beam = len(self.sentences), width + 1
+        length = self.per_sentence.steps  # [live]: tokens in each open beam after this step
+        penalty = self.per_sentence.penalty
+        # candidates [live, K * (K+1)]: a beam's score plus the log-prob of one of its tokens
+        candidates = self.scores[:, :, None] + result.top_log_probs.reshape(live, width, per_beam)
+        if self.per_sentence.repeats.any() and self.sequences.shape[1]:
+            # A token that would repeat an n-gram once too often is no candidate at all.
+            closers = self._closers().reshape(live, width, 1, -1)
+            tokens = result.top_ids.reshape(live, width, per_beam)
+            closes = (closers == tokens[..., None]).any(axis=3) & (tokens != eos)
+            candidates = np.where(closes, -np.inf, candidates)
+        candidates = candidates.reshape(live, -1)
+        top, top_scores = _top_candidates(candidates, 2 * width)  # [live, 2K], best first
+        first_row = np.arange(live)[:, None] * width
+        top_row = first_row + top // per_beam  # the beam (row) each candidate continues
+        top_token = np.take_along_axis(result.top_ids.reshape(live, -1), top, axis=1)
+        at_limit = length >= self.per_sentence.limit  # [live]
+        valid = top_scores > -np.inf
+        ends = valid & ((top_token == eos) | at_limit[:, None])
+
+        # Candidates that end among the first K are finished hypotheses.
+        for j, rank in zip(*np.nonzero(ends[:, :width]), strict=True):
+            row, token = top_row[j, rank], top_token[j, rank]
+            # (sequences lack this step's column until the beams are reordered below)
+            own = self.sequences[row, self.sequences.shape[1] - (length[j] - 1) :]
+            body = own.tolist() + ([] if token == eos else [int(token)])
+            score = float(top_scores[j, rank])
+            alignment = self._alignment_of(row, j, int(length[j]))
+            normalized = score / length[j] ** penalty[j]
+            self.finished[j].append(Hypothesis(body, normalized, score, **alignment))
+            if len(self.finished[j]) >= width:
+                self.kth_best[j] = sorted(h.score for h in self.finished[j])[-width]
+
+        # The K best of the others stay open (fewer only when the sentence is done anyway).
+        open_ = valid & ~ends
+        pick = np.argsort(~open_, axis=1, kind="stable")[:, :width]  # open first, by rank
+        picked = np.take_along_axis(open_, pick, axis=1)  # [live, K]
+        next_scores = np.where(picked, np.take_along_axis(top_scores, pick, axis=1), -np.inf)
+        next_rows = np.where(picked, np.take_along_axis(top_row, pick, axis=1), first_row)
+        next_tokens = np.where(
+            picked, np.take_along_axis(top_token, pick, axis=1), self.engine.pad_id
+        )
+
+        complete = np.isfinite(self.kth_best)
+        cannot_improve = next_scores.max(axis=1) / length**penalty <= self.kth_best
+        done = at_limit | (complete & cannot_improve) | ~picked.any(axis=1)
+        # Done with nothing finished: every way on would have repeated an n-gram once too
+        # often. Its best beam, as it stands, is its translation.
+        for j in np.flatnonzero(done):
+            if self.finished[j]:
+                continue
+            beam = int(np.argmax(self.scores[j]))
+            row, produced = j * width + beam, max(int(length[j]) - 1, 1)
+            score = float(self.scores[j, beam])
+            own = self.sequences[row, self.sequences.shape[1] - (int(length[j]) - 1) :]
+            alignment = self._alignment_of(row, j, int(length[j]) - 1)
+            normalized = score / produced ** penalty[j]
+            hypothesis = Hypothesis(own.tolist(), normalized, score, **alignment)
+            self.finished[j].append(hypothesis)
+
+        leaving = [
+            Finished(self.sentences[j], self._n_best(j), int(length[j]))
+            for j in np.flatnonzero(done)
+        ]
+        # Reorder everything that belongs to a beam by the beam it came from; drop the done.
+        kept = np.flatnonzero(~done)
+        rows = next_rows[kept].reshape(-1)
+        tokens = next_tokens[kept].reshape(-1)
+        self.scores = next_scores
+        self._keep(kept, rows, tokens)
+        if self.sentences:
+            self.sequences = np.concatenate([self.sequences, tokens[:, None]], axis=1)
+        return leaving
+
+    def _n_best(self, sentence: int) -> list[Hypothesis]:
+        ranked = sorted(self.finished[sentence], key=lambda h: -h.score)
+        return ranked[: self.sentences[sentence].options.n_best]
+
+
+def _top_candidates(candidates: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The `count` best entries of each row of candidates [m, n], best first."""
+    count = min(count, candidates.shape[1])
+    top = np.argpartition(-candidates, count - 1, axis=1)[:, :count]
+    top_scores = np.take_along_axis(candidates, top, axis=1)
+    order = np.argsort(-top_scores, axis=1, kind="stable")
+    return np.take_along_axis(top, order, axis=1), np.take_along_axis(top_scores, order, axis=1)

@@ -1,0 +1,269 @@
+"""Continuous (iteration-level) batching: sentences join and leave the running batch between
+two decoder steps, and a request is answered as soon as its last sentence ends.
+
+One turn of the worker loop (`work_once`):
+
+1. queued sentences whose request expired are answered 504 and dropped, and so are running
+   sentences nobody waits for any more (client gone, deadline passed): they leave the batch;
+2. queued sentences join the running batch of their beam size, oldest first, while it has
+   room: at most `max_sentences` sentences and `max_total_tokens` reserved tokens (each
+   sentence reserves its source plus the self-attention cache its rows may grow to);
+   joining encodes them (one encoder call) and merges their keys/values into the batch;
+3. one running batch runs one decoder step: the one holding the oldest sentence (sentences of
+   one beam size share steps; across beam sizes, first come first served, so a greedy
+   sentence is not slowed by beam steps interleaved with its own, nor the reverse);
+4. sentences that ended leave it; their requests are answered when complete.
+
+The running batches are `RunningBatch`es (service/runtime/running_batch.py) made by a factory,
+so tests drive this loop with a fake that needs no model: the protocol is `DecodingBatch`.
+
+If the engine fails on a step or a join, the batch cannot be trusted any more: its sentences
+are decoded again one by one, so that only the culprit's request fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable
+from typing import Protocol
+
+from service.runtime.running_batch import Finished, Sentence, batch_key
+from service.serving.scheduler import (
+    BatchLimits,
+    BatchObserver,
+    Clock,
+    Job,
+    QueuedSentence,
+    Room,
+    Scheduler,
+)
+
+log = logging.getLogger("nmt.scheduler")
+
+
+class DecodingBatch(Protocol):
+    """What the scheduler needs of a running batch (service.runtime.running_batch)."""
+
+    sentences: list[Sentence]
+
+    def __len__(self) -> int: ...
+
+    @property
+    def rows(self) -> int: ...
+
+    def reserved_tokens(self) -> int: ...
+
+    def cost_of(self, sentence: Sentence) -> int: ...
+
+    def join(self, sentences: list[Sentence]) -> None: ...
+
+    def step(self) -> list[Finished]: ...
+
+    def drop(self, condition: Callable[[Sentence], bool]) -> list[Finished]: ...
+
+
+BatchFactory = Callable[[int], DecodingBatch]  # beam size -> an empty running batch
+
+
+def _sentence(item: QueuedSentence) -> Sentence:
+    return Sentence(item.job.sources[item.index], item.job.options, ticket=item)
+
+
+def _key(item: QueuedSentence) -> Hashable:
+    return batch_key(item.job.options)
+
+
+class ContinuousScheduler(Scheduler):
+    """NMT_BATCHING=continuous (the default)."""
+
+    def __init__(
+        self,
+        model: str,
+        new_batch: BatchFactory,
+        limits: BatchLimits,
+        observer: BatchObserver | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(model, limits, observer, clock)
+        self._new_batch = new_batch
+        self._batches: dict[Hashable, DecodingBatch] = {}  # by beam size; worker thread only
+
+    @property
+    def running(self) -> int:
+        """Sentences in the running batches."""
+        return sum(len(batch) for batch in self._batches.values())
+
+    # Worker-thread side.
+
+    def _work(self) -> None:
+        while self._wait_for_work():
+            try:
+                self.work_once()
+            except Exception as error:  # a bug in the loop itself: fail what runs, go on
+                log.exception("batch worker error")
+                self._fail_running(error)
+
+    def _wait_for_work(self) -> bool:
+        """Sleep until there is something queued or running; False once closed and drained."""
+        with self._lock:
+            while not (self._queue or self.running):
+                if self._closing:
+                    return False
+                self._lock.wait()
+            return True
+
+    def work_once(self) -> bool:
+        """One turn of the loop (see the module's docstring); False if there was nothing to
+        step. Called by the worker thread, or by tests directly (no thread, no sleep)."""
+        with self._lock:
+            self._drop_expired()
+        self._drop_abandoned()
+        with self._lock:
+            joiners = self._queue.take_joiners(self._rooms(), _key, self._cost)
+            if joiners:
+                self._report_depth()
+        by_key: dict[Hashable, list[QueuedSentence]] = {}
+        for item in joiners:
+            by_key.setdefault(_key(item), []).append(item)
+        for key, items in by_key.items():
+            self._join(key, items)
+        key = self._next_key()
+        if key is None:
+            return False
+        self._step(key)
+        return True
+
+    def _rooms(self) -> dict[Hashable, Room]:
+        """Room left in the running batch of every beam size that is queued for."""
+        rooms: dict[Hashable, Room] = {}
+        for item in self._queue.items:
+            key = _key(item)
+            if key not in rooms:
+                batch = self._batch(key)
+                rooms[key] = Room(
+                    sentences=self.limits.max_sentences - len(batch),
+                    tokens=self.limits.max_total_tokens - batch.reserved_tokens(),
+                    empty=not len(batch),
+                )
+        return rooms
+
+    def _cost(self, item: QueuedSentence) -> int:
+        return self._batch(_key(item)).cost_of(_sentence(item))
+
+    def _batch(self, key: Hashable) -> DecodingBatch:
+        if key not in self._batches:
+            self._batches[key] = self._new_batch(key)
+        return self._batches[key]
+
+    def _next_key(self) -> Hashable | None:
+        """The beam size whose running batch holds the sentence queued first."""
+        oldest: dict[Hashable, float] = {
+            key: min(s.ticket.enqueued for s in batch.sentences)
+            for key, batch in self._batches.items()
+            if len(batch)
+        }
+        return min(oldest, key=oldest.__getitem__) if oldest else None
+
+    def _join(self, key: Hashable, items: list[QueuedSentence]) -> None:
+        items = [item for item in items if not item.job.closed]
+        if not items:
+            return
+        started = self.clock()
+        try:
+            self._batch(key).join([_sentence(item) for item in items])
+        except Exception as error:
+            log.warning("joining %d sentences failed (%s); decoding them alone", len(items), error)
+            self._isolate(key, items)
+            return
+        for item in items:
+            if item.job.started is None:
+                item.job.started = started
+        if self._observer:
+            self._observer.observe_join(
+                self.model,
+                waits=[started - item.enqueued for item in items],
+                input_tokens=sum(item.tokens for item in items),
+                seconds=self.clock() - started,
+            )
+
+    def _step(self, key: Hashable) -> None:
+        batch = self._batches[key]
+        sentences, rows, reserved = len(batch), batch.rows, batch.reserved_tokens()
+        started = self.clock()
+        try:
+            finished = batch.step()
+        except Exception as error:
+            log.warning("a step of %d sentences failed (%s); decoding them alone", sentences, error)
+            self._isolate(key, [])
+            return
+        if self._observer:
+            self._observer.observe_step(
+                self.model,
+                sentences=sentences,
+                rows=rows,
+                reserved_tokens=reserved,
+                output_tokens=sum(len(f.hypotheses[0].tokens) for f in finished),
+                seconds=self.clock() - started,
+            )
+        self._settle(finished, [])
+
+    def _drop_abandoned(self) -> None:
+        """Rows of requests that were cancelled (client gone, or the pipeline gave up) or are
+        past their deadline leave the running batches instead of being decoded for nobody."""
+        now = self.clock()
+        for batch in self._batches.values():
+            if len(batch):
+                gone = batch.drop(lambda s: s.ticket.job.closed or s.ticket.job.deadline <= now)
+                if gone:
+                    self._settle([], gone)
+
+    def _settle(self, finished: list[Finished], gone: list[Finished]) -> None:
+        """Record who ended, answer the requests that are now complete, and answer 504 to
+        those whose sentences left because their deadline passed."""
+        complete: list[Job] = []
+        expired: dict[int, Job] = {}
+        with self._lock:
+            for done in finished:
+                item: QueuedSentence = done.sentence.ticket
+                if not item.job.closed and self._record(item, done.hypotheses):
+                    complete.append(item.job)
+            for left in gone:
+                job = left.sentence.ticket.job
+                if not job.closed:  # not cancelled: its deadline passed while it ran
+                    self._close_job(job)
+                    expired[id(job)] = job
+        if self._observer:
+            self._observer.observe_left(self.model, "finished", len(finished))
+            self._observer.observe_left(self.model, "abandoned", len(gone))
+        self._report_dropped("abandoned_in_batch", len(gone))
+        self._answer(complete, list(expired.values()))
+
+    def _isolate(self, key: Hashable, joining: list[QueuedSentence]) -> None:
+        """The engine failed on a batch: start that beam size's batch afresh and decode each
+        of its sentences (and those that were joining) alone, to fail only the culprits."""
+        if self._observer:
+            self._observer.observe_batch_failure(self.model)
+        broken = self._batches.pop(key, None)
+        items = [s.ticket for s in broken.sentences] if broken else []
+        for item in items + joining:
+            if item.job.closed:
+                continue
+            alone = self._new_batch(key)
+            try:
+                alone.join([_sentence(item)])
+                finished: list[Finished] = []
+                while len(alone):
+                    finished += alone.step()
+            except Exception as error:
+                self._fail(item, error)
+                if self._observer:
+                    self._observer.observe_left(self.model, "failed", 1)
+                continue
+            self._settle(finished, [])
+
+    def _fail_running(self, error: Exception) -> None:
+        batches, self._batches = self._batches, {}
+        for batch in batches.values():
+            for sentence in batch.sentences:
+                self._fail(sentence.ticket, error)

@@ -1,0 +1,325 @@
+"""Continuous batching with no model at all: a fake running batch and a fake clock.
+
+The loop is driven turn by turn with `work_once` (no worker thread, no sleeps, no timing
+thresholds), except where the thread itself is what is tested (draining on close).
+tests/test_continuous_engine.py checks the same loop on the real engine against decoding each
+sentence alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from nmt_contract import Hypothesis
+from service.runtime.running_batch import Finished, SearchOptions, Sentence
+from service.serving.continuous import ContinuousScheduler
+from service.serving.errors import DeadlineExceeded
+from service.serving.metrics import Metrics
+from service.serving.scheduler import BatchLimits, BatchQueue, Job, Room, SentenceFailed
+
+GREEDY = SearchOptions(beam_size=1)
+BEAM = SearchOptions(beam_size=2)
+POISON = -1  # a step with this token in a source fails, as the engine fails on a bad input
+FAR = 1e9  # a deadline that never comes
+
+
+def sentence(n: int, steps: int = 3) -> list[int]:
+    """A made-up source the fake decodes in `steps` steps: `steps` - 1 tokens n, then </s>."""
+    return [n] * (steps - 1) + [2]
+
+
+def answer(source: list[int]) -> list[Hypothesis]:
+    """What the fake model translates a source to: its tokens reversed, without </s>."""
+    return [Hypothesis(tokens=source[-2::-1], score=-float(len(source)), log_prob=-1.0)]
+
+
+class FakeBatch:
+    """A running batch whose sentences each take len(source) steps. It records who was in it
+    at every step, reserves len(source) * (1 + beams) tokens a sentence, and fails a step while
+    it holds POISON."""
+
+    def __init__(self, beams: int, log: list) -> None:
+        self.beams = beams
+        self.sentences: list[Sentence] = []
+        self.done_steps: dict[int, int] = {}  # id(sentence) -> steps taken
+        self.log = log  # (beams, [ticket labels at this step]) per step, shared by all batches
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    @property
+    def rows(self) -> int:
+        return len(self.sentences) * self.beams
+
+    def cost_of(self, sentence: Sentence) -> int:
+        return len(sentence.source) * (1 + self.beams)
+
+    def reserved_tokens(self) -> int:
+        return sum(self.cost_of(s) for s in self.sentences)
+
+    def join(self, sentences: list[Sentence]) -> None:
+        self.sentences += sentences
+        for s in sentences:
+            self.done_steps[id(s)] = 0
+
+    def step(self) -> list[Finished]:
+        self.log.append((self.beams, [label(s) for s in self.sentences]))
+        if any(POISON in s.source for s in self.sentences):
+            raise RuntimeError("the engine failed on this input")
+        finished = []
+        for s in self.sentences:
+            self.done_steps[id(s)] += 1
+            if self.done_steps[id(s)] >= len(s.source):
+                finished.append(Finished(s, answer(s.source), self.done_steps[id(s)]))
+        self.sentences = [s for s in self.sentences if self.done_steps[id(s)] < len(s.source)]
+        return finished
+
+    def drop(self, condition: Callable[[Sentence], bool]) -> list[Finished]:
+        gone = [s for s in self.sentences if condition(s)]
+        self.sentences = [s for s in self.sentences if not condition(s)]
+        return [Finished(s, [], self.done_steps[id(s)]) for s in gone]
+
+
+def label(s: Sentence) -> str:
+    """'job name/sentence index' of a sentence in the running batch."""
+    return f"{s.ticket.job.name}/{s.ticket.index}"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    """A ContinuousScheduler over FakeBatches, driven by hand."""
+
+    def __init__(self, **limits) -> None:
+        self.steps: list[tuple[int, list[str]]] = []
+        self.clock = FakeClock()
+        self.metrics = Metrics()
+        self.scheduler = ContinuousScheduler(
+            "fr-en",
+            lambda beams: FakeBatch(beams, self.steps),
+            BatchLimits(**limits),
+            self.metrics,
+            clock=self.clock,
+        )
+
+    def submit(self, name: str, sources: list[list[int]], options=GREEDY, timeout=FAR) -> Job:
+        job = self.scheduler.submit(sources, options, self.clock.now + timeout)
+        job.name = name
+        return job
+
+    async def turns(self, count: int) -> None:
+        """Run `count` turns of the loop, then let the answered futures resolve."""
+        for _ in range(count):
+            self.scheduler.work_once()
+        await asyncio.sleep(0)
+
+    def metric(self, name: str, **labels) -> float:
+        value = self.metrics.registry.get_sample_value(name, {"model": "fr-en", **labels})
+        return value or 0.0
+
+
+def run(test) -> None:
+    asyncio.run(test())
+
+
+# The joining policy: BatchQueue.take_joiners, with explicit rooms.
+
+LOOP = asyncio.new_event_loop()  # jobs need a loop for their futures; none runs here
+
+
+def queued(queue: BatchQueue, sources: list[list[int]], options=GREEDY) -> Job:
+    job = Job(sources, options, FAR, LOOP, 0.0)
+    queue.add(job, 0.0)
+    return job
+
+
+def key_of(item) -> int:
+    return item.job.options.beam_size
+
+
+def cost_of(item) -> int:
+    return len(item.job.sources[item.index])
+
+
+def test_joiners_are_the_oldest_that_fit_in_sentences_and_tokens():
+    queue = BatchQueue("m", BatchLimits())
+    job = queued(queue, [sentence(1, 4), sentence(2, 4), sentence(3, 4), sentence(4, 2)])
+    rooms = {1: Room(sentences=3, tokens=10, empty=False)}
+    taken = queue.take_joiners(rooms, key_of, cost_of)
+    # 4 + 4 = 8 tokens; the third (4 more) would pass 10, and the fourth, which would fit,
+    # must not overtake it.
+    assert [(item.job, item.index) for item in taken] == [(job, 0), (job, 1)]
+    assert len(queue) == 2
+
+
+def test_an_empty_batch_takes_a_sentence_above_the_token_budget_so_it_can_be_served():
+    queue = BatchQueue("m", BatchLimits())
+    queued(queue, [sentence(1, 50), sentence(2, 3)])
+    taken = queue.take_joiners({1: Room(4, 10, empty=True)}, key_of, cost_of)
+    assert [item.index for item in taken] == [0]  # the big one alone; the next waits
+
+
+def test_each_beam_size_has_its_own_room_and_a_full_one_does_not_block_the_other():
+    queue = BatchQueue("m", BatchLimits())
+    beam = queued(queue, [sentence(1)], options=BEAM)
+    greedy = queued(queue, [sentence(2), sentence(3)])
+    rooms = {1: Room(1, 100, False), 2: Room(0, 100, False)}
+    taken = queue.take_joiners(rooms, key_of, cost_of)
+    assert [(item.job, item.index) for item in taken] == [(greedy, 0)]
+    assert [item.job for item in queue.items] == [beam, greedy]
+
+
+# The loop, turn by turn.
+
+
+def test_a_sentence_joins_the_running_batch_at_the_next_step_not_after_it():
+    async def test():
+        h = Harness()
+        h.submit("a", [sentence(1, steps=6)])
+        await h.turns(2)
+        h.submit("b", [sentence(2, steps=2)])
+        await h.turns(1)
+        assert h.steps == [(1, ["a/0"]), (1, ["a/0"]), (1, ["a/0", "b/0"])]
+
+    run(test)
+
+
+def test_a_request_is_answered_when_its_last_sentence_ends_not_when_the_batch_does():
+    async def test():
+        h = Harness()
+        long = h.submit("long", [sentence(1, steps=10)])
+        short = h.submit("short", [sentence(2, steps=2), sentence(3, steps=3)])
+        await h.turns(2)
+        assert not short.future.done()  # its second sentence needs a third step
+        await h.turns(1)
+        assert short.future.result() == [answer(sentence(2, 2)), answer(sentence(3, 3))]
+        assert not long.future.done()
+        await h.turns(7)
+        assert long.future.result() == [answer(sentence(1, 10))]
+        assert h.steps[2:4] == [(1, ["long/0", "short/1"]), (1, ["long/0"])]  # left at once
+
+    run(test)
+
+
+def test_one_batch_holds_different_lengths_penalties_and_n_best_but_not_beam_sizes():
+    async def test():
+        h = Harness()
+        options = [
+            SearchOptions(max_length=5),
+            SearchOptions(length_penalty=0.6),
+            SearchOptions(beam_size=2, n_best=2, max_length=7),
+            SearchOptions(beam_size=2, length_penalty=1.2),
+        ]
+        jobs = [h.submit(f"j{i}", [sentence(i + 1)], o) for i, o in enumerate(options)]
+        await h.turns(6)
+        assert all(job.future.done() for job in jobs)
+        # One running batch per beam size; the one with the oldest sentence steps first.
+        assert h.steps == [(1, ["j0/0", "j1/0"])] * 3 + [(2, ["j2/0", "j3/0"])] * 3
+
+    run(test)
+
+
+def test_the_running_batch_stays_within_its_sentence_and_token_limits():
+    async def test():
+        h = Harness(max_sentences=2, max_total_tokens=100)
+        h.submit("a", [sentence(n, steps=4) for n in range(1, 6)])  # 8 tokens each
+        await h.turns(1)
+        assert h.steps[-1] == (1, ["a/0", "a/1"])
+        assert h.scheduler.queued == 3
+        h2 = Harness(max_sentences=10, max_total_tokens=20)
+        h2.submit("b", [sentence(n, steps=4) for n in range(1, 6)])
+        await h2.turns(1)
+        assert h2.steps[-1] == (1, ["b/0", "b/1"])  # 16 of 20 tokens: a third would pass
+
+    run(test)
+
+
+def test_a_sentence_whose_deadline_passes_leaves_the_batch_and_its_request_gets_a_504():
+    async def test():
+        h = Harness()
+        late = h.submit("late", [sentence(1, steps=9), sentence(2, steps=9)], timeout=5.0)
+        other = h.submit("other", [sentence(3, steps=4)])
+        await h.turns(2)
+        h.clock.now += 5.0
+        await h.turns(1)  # the late rows leave before the step
+        assert isinstance(late.future.exception(), DeadlineExceeded)
+        assert h.steps[-1] == (1, ["other/0"])
+        await h.turns(1)
+        assert other.future.result() == [answer(sentence(3, 4))]
+        assert h.metric("nmt_batch_left_sentences_total", reason="abandoned") == 2
+
+    run(test)
+
+
+def test_a_cancelled_request_leaves_the_running_batch_and_the_queue():
+    async def test():
+        h = Harness(max_sentences=1)
+        gone = h.submit("gone", [sentence(1, steps=9), sentence(2, steps=9)])
+        await h.turns(1)
+        h.scheduler.cancel(gone, "client_gone")
+        assert h.scheduler.queued == 0  # its second sentence never joins
+        stay = h.submit("stay", [sentence(3, steps=2)])
+        await h.turns(2)  # gone/0 leaves before the next step; stay/0 takes its place
+        assert [labels for _, labels in h.steps] == [["gone/0"], ["stay/0"], ["stay/0"]]
+        assert stay.future.result() == [answer(sentence(3, 2))]
+
+    run(test)
+
+
+def test_when_a_step_fails_only_the_culprits_request_fails_and_the_others_are_answered():
+    async def test():
+        h = Harness()
+        first = h.submit("first", [sentence(1, steps=3)])
+        culprit = h.submit("culprit", [sentence(2), [5, POISON, 2]])
+        last = h.submit("last", [sentence(3, steps=4)])
+        await h.turns(1)
+        assert first.future.result() == [answer(sentence(1, 3))]  # decoded again, alone
+        assert last.future.result() == [answer(sentence(3, 4))]
+        error = culprit.future.exception()
+        assert isinstance(error, SentenceFailed) and error.index == 1
+        assert h.metric("nmt_batch_failures_total") == 1
+        h.submit("after", [sentence(4, steps=2)])  # the batch is usable again
+        await h.turns(2)
+        assert h.steps[-1] == (1, ["after/0"])
+
+    run(test)
+
+
+def test_occupancy_joins_and_leaves_and_request_timings_are_measured():
+    async def test():
+        h = Harness()
+        h.submit("a", [sentence(1, steps=2), sentence(2, steps=3)])
+        h.clock.now += 0.5  # they waited half a second in the queue
+        await h.turns(3)
+        assert h.metric("nmt_batch_joined_sentences_total") == 2
+        assert h.metric("nmt_batch_left_sentences_total", reason="finished") == 2
+        assert h.metric("nmt_batch_step_sentences_sum") == 2 + 2 + 1
+        assert h.metric("nmt_batch_step_sentences_count") == 3
+        assert h.metric("nmt_request_queue_duration_seconds_sum") == pytest.approx(0.5)
+        assert h.metric("nmt_queue_wait_seconds_sum") == pytest.approx(1.0)
+        assert h.metric("nmt_output_tokens_total") == 1 + 2
+
+    run(test)
+
+
+def test_closing_drains_what_is_queued_and_running_on_the_worker_thread():
+    async def test():
+        h = Harness(max_sentences=2)
+        jobs = [h.submit(f"j{n}", [sentence(n, steps=n + 1)]) for n in range(1, 6)]
+        h.scheduler.start()
+        await asyncio.to_thread(h.scheduler.close, 30)
+        assert not h.scheduler._thread.is_alive()
+        await asyncio.sleep(0)
+        for n, job in enumerate(jobs, start=1):
+            assert job.future.result() == [answer(sentence(n, n + 1))]
+
+    run(test)

@@ -1,0 +1,151 @@
+"""Continuous batching on the real engine: whatever step the others are at when a sentence
+joins, and whatever settings they were asked with, every sentence comes out as it does when
+decoded alone (fp32: int8's dynamic quantization scales activations per batch, so its
+outputs depend on the batch at any batching)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.running_batch import running_batch
+from service.runtime.search import SearchOptions, search
+from service.runtime.translator import Translator
+from service.serving.continuous import ContinuousScheduler
+from service.serving.scheduler import BatchLimits, SentenceFailed
+from tests.conftest import FRENCH_SENTENCES
+
+MIXED = [
+    SearchOptions(),
+    SearchOptions(max_length=6),
+    SearchOptions(length_penalty=0.6, max_repeats=3),
+    SearchOptions(beam_size=3),
+    SearchOptions(beam_size=3, n_best=2, length_penalty=1.3),
+    SearchOptions(beam_size=3, max_length=5, alignment=True),
+]
+
+
+@pytest.fixture(scope="module")
+def translator(fr_en_bundle: Path) -> Translator:
+    return Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
+
+
+def scheduler_for(translator: Translator, **limits) -> ContinuousScheduler:
+    return ContinuousScheduler(
+        "fr-en",
+        lambda beams: running_batch(translator.engine, beams),
+        BatchLimits(**limits),
+    )
+
+
+def alone(translator: Translator, source: list[int], options: SearchOptions) -> list:
+    return search(translator.engine, [source], options)[0]
+
+
+def same(found: list, expected: list) -> bool:
+    """Same n-best tokens; scores and alignments equal up to float rounding."""
+    if [h.tokens for h in found] != [h.tokens for h in expected]:
+        return False
+    for a, b in zip(found, expected, strict=True):
+        assert a.score == pytest.approx(b.score, abs=1e-4)
+        if b.alignment is not None:
+            assert a.alignment.shape == b.alignment.shape
+            assert abs(a.alignment - b.alignment).max() < 1e-4
+    return True
+
+
+def test_sentences_joining_at_steps_5_10_and_20_decode_as_they_do_alone(translator: Translator):
+    sources = translator.tokenizer.encode(FRENCH_SENTENCES)
+    arrivals = {0: [0, 1], 5: [2, 3], 10: [4, 5], 20: [6, 7]}  # turn -> sentences
+
+    running_when_joined = []
+
+    async def main() -> dict:
+        scheduler = scheduler_for(translator)
+        jobs = {}
+        later = time.monotonic() + 600
+        for turn in range(200):
+            if turn in arrivals:
+                running_when_joined.append(scheduler.running)
+            for index in arrivals.get(turn, []):
+                options = MIXED[index % len(MIXED)]
+                jobs[index] = scheduler.submit([sources[index]], options, later)
+            if not scheduler.work_once() and turn > max(arrivals):
+                break
+        await asyncio.sleep(0)
+        return {index: job.future.result()[0] for index, job in jobs.items()}
+
+    found = asyncio.run(main())
+    assert running_when_joined[0] == 0 and min(running_when_joined[1:]) > 0
+    for index, hypotheses in found.items():
+        assert same(hypotheses, alone(translator, sources[index], MIXED[index % len(MIXED)]))
+
+
+def test_a_sentence_the_engine_fails_on_fails_only_its_own_request(translator: Translator):
+    """A source longer than the model's positions makes ONNX Runtime fail when it joins."""
+    good = translator.tokenizer.encode(FRENCH_SENTENCES[:3])
+    positions = translator.bundle.dims["max_positions"]
+    too_long = translator.tokenizer.encode(["un chien noir " * positions])[0][: positions + 50]
+    options = SearchOptions()
+
+    async def main() -> tuple:
+        scheduler = scheduler_for(translator)
+        later = time.monotonic() + 600
+        first = scheduler.submit(good[:1], options, later)
+        scheduler.work_once()  # first is running when the culprit joins
+        culprit = scheduler.submit([good[1], too_long], options, later)
+        last = scheduler.submit(good[2:3], options, later)
+        while scheduler.work_once():
+            pass
+        await asyncio.sleep(0)
+        return first.future.result(), culprit.future.exception(), last.future.result()
+
+    first, culprit, last = asyncio.run(main())
+    assert same(first[0], alone(translator, good[0], options))
+    assert same(last[0], alone(translator, good[2], options))
+    assert isinstance(culprit, SentenceFailed) and culprit.index == 1
+
+
+@pytest.mark.slow
+def test_test_2016_as_concurrent_requests_with_random_arrivals_and_mixed_options(
+    translator: Translator, multi30k: Path
+):
+    """All of test_2016_flickr, one request of 1 to 3 sentences every few milliseconds with
+    random settings, through the scheduler's own worker thread: each sentence as alone."""
+    lines = (multi30k / "test_2016_flickr.fr").read_text(encoding="utf-8").splitlines()
+    sources = translator.tokenizer.encode(lines)
+    rng = random.Random(2016)
+    requests, start = [], 0
+    while start < len(sources):
+        count = rng.randint(1, 3)
+        requests.append((list(range(start, start + count)), rng.choice(MIXED)))
+        start += count
+    requests = [(indices, options) for indices, options in requests if indices[0] < len(sources)]
+
+    async def main() -> list:
+        scheduler = scheduler_for(translator, max_sentences=32)
+        scheduler.start()
+        later = time.monotonic() + 3600
+        jobs = []
+        try:
+            for indices, options in requests:
+                batch = [sources[i] for i in indices if i < len(sources)]
+                jobs.append(scheduler.submit(batch, options, later))
+                await asyncio.sleep(rng.expovariate(1 / 0.004))
+            return await asyncio.gather(*(job.future for job in jobs))
+        finally:
+            await asyncio.to_thread(scheduler.close, 60)
+
+    results = asyncio.run(main())
+    differ = []
+    for (indices, options), found in zip(requests, results, strict=True):
+        for index, hypotheses in zip(indices, found, strict=False):
+            if not same(hypotheses, alone(translator, sources[index], options)):
+                differ.append(index)
+    assert differ == []

@@ -1,0 +1,270 @@
+"""The web page (`GET /`) in a real browser: headless Chromium (Debian's `chromium` package)
+driven by Playwright, against a real `nmt serve` process.
+
+What a person does with it: read what the model is for, type French, translate, read the
+English, look at the heatmap and the alignment lines, hover words, use the keyboard, switch
+layers and heads (when the API returns them), meet an error, use it on a phone. The page's
+numbers are checked against the JSON the API sent, not against the page's own arithmetic.
+Screenshots go to reports/screenshots/ (a test artifact; docs/page.png is one of them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_http_server import Server, running_server
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (dev extra)")
+expect = playwright_api.expect
+
+SCREENSHOTS = ROOT / "reports" / "screenshots"
+MAX_CHARS = 300  # the server's NMT_MAX_CHARS_PER_TEXT here, to provoke a 422
+SENTENCE = "Un chien noir court dans la neige."
+
+
+def find_chromium() -> str | None:
+    """$NMT_CHROMIUM, else Debian's chromium binary (not its shell wrapper), else on PATH."""
+    candidates = [os.environ.get("NMT_CHROMIUM"), "/usr/lib/chromium/chromium"]
+    candidates += [shutil.which(name) for name in ("chromium", "chromium-browser")]
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
+@pytest.fixture(scope="module")
+def chromium_path() -> str:
+    path = find_chromium()
+    if path is None:
+        pytest.skip("no Chromium found: `apt-get install chromium` (or set NMT_CHROMIUM)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_path: str) -> Iterator[object]:
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(fr_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    folder = tmp_path_factory.mktemp("page-models")
+    (folder / "fr-en").symlink_to(fr_en_bundle, target_is_directory=True)
+    logs = tmp_path_factory.mktemp("page-logs")
+    with running_server(
+        folder, logs, threads=1, max_chars_per_text=MAX_CHARS, cache_entries=0
+    ) as server:
+        yield server
+
+
+@pytest.fixture
+def page(browser, server: Server) -> Iterator[object]:
+    """A fresh page on the served `/`, failing the test on any console error or uncaught
+    exception (a Content-Security-Policy violation shows up as a console error)."""
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.goto(server.url + "/")
+    expect(page.locator("#pair option").first).to_be_attached()
+    yield page
+    context.close()
+    # The page's own 4xx answers are logged by Chromium as failed loads: those are expected.
+    assert [p for p in problems if "status of 4" not in p] == [], problems
+
+
+def screenshot(page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / name
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def translate(page, text: str) -> dict:
+    """Type `text`, press Translate, wait for the page to show the result; the API's JSON."""
+    page.fill("#text", text)
+    with page.expect_response("**/v1/translate") as answer:
+        page.click("#go")
+    body = answer.value.json()
+    if answer.value.ok:  # (expect polls the DOM without eval, which the page's CSP forbids)
+        expect(page.locator("#translation")).to_have_text(body["translations"][0]["text"])
+    return body
+
+
+def heatmap_shape(page, index: int = 0) -> tuple[int, int]:
+    table = page.locator("table.heatmap").nth(index)
+    return table.locator("tbody tr").count(), table.locator("thead th").count()
+
+
+def cell_weights(page, index: int = 0) -> list[list[float]]:
+    return (
+        page.locator("table.heatmap")
+        .nth(index)
+        .evaluate(
+            """table => [...table.tBodies[0].rows].map(row =>
+            [...row.querySelectorAll('td')].map(cell => Number(cell.dataset.weight)))"""
+        )
+    )
+
+
+def test_the_page_says_what_the_model_is_for_and_offers_in_domain_examples(page, fr_en_bundle):
+    manifest = json.loads((fr_en_bundle / "bundle.json").read_text())
+    assert page.locator("#description").inner_text() == manifest["description"]
+    assert "Multi30k" in manifest["description"]
+    example = page.locator("#examples button").first
+    sentence = example.inner_text()
+    example.click()
+    assert page.input_value("#text") == sentence
+
+
+def test_translating_shows_the_english_and_a_heatmap_of_the_returned_tokens(page):
+    answer = translate(page, SENTENCE)
+    translation = answer["translations"][0]
+    shown = page.locator("#translation").inner_text()
+    assert shown == translation["text"] and "dog" in shown.lower()
+    (alignment,) = translation["alignment"]
+    # Words (the default view): one row per target word, one column per source word.
+    assert heatmap_shape(page) == (len(alignment["target_words"]), len(alignment["source_words"]))
+    assert cell_weights(page) == alignment["word_weights"]
+    # Pieces: exactly the tokens the API returned, </s> included.
+    page.check("input[name=view][value=pieces]")
+    assert heatmap_shape(page) == (len(alignment["target_tokens"]), len(alignment["source_tokens"]))
+    assert cell_weights(page) == alignment["weights"]
+    # One line per hard-alignment link, and the Moses pairs as the API wrote them.
+    assert page.locator("svg.links line").count() == len(alignment["word_alignment"])
+    assert alignment["moses"] in page.locator(".moses").inner_text()
+    # The API says which layer the weights come from: the layer selector shows it; the heads
+    # were not asked for, so no head selector yet.
+    assert page.locator("#layer-box").is_visible() and page.locator("#head-box").is_hidden()
+    assert page.locator("#layer").input_value() == str(alignment["layer"])
+    screenshot(page, "page-translation.png")
+
+
+def test_hovering_a_word_highlights_what_it_attended_to(page):
+    answer = translate(page, SENTENCE)
+    (alignment,) = answer["translations"][0]["alignment"]
+    weights, targets, sources = (
+        alignment["word_weights"],
+        alignment["target_words"],
+        alignment["source_words"],
+    )
+    dog = next(t for t, word in enumerate(targets) if word.lower().startswith("dog"))
+    page.hover(f".tgt[data-t='{dog}']")
+    strongest = max(range(len(sources)), key=lambda s: weights[dog][s])
+    best = page.locator(".src.best")
+    assert best.count() == 1 and best.inner_text() == sources[strongest] == "chien"
+    assert page.locator(f"line.active[data-t='{dog}']").count() == 1
+    screenshot(page, "page-hover.png")
+    # The reverse: a source word lights the target word that attended to it most.
+    noir = sources.index("noir")
+    page.hover(f".src[data-s='{noir}']")
+    column = [row[noir] for row in weights]
+    assert page.locator(".tgt.best").inner_text() == targets[column.index(max(column))]
+
+
+def test_the_heatmap_and_words_work_from_the_keyboard(page):
+    answer = translate(page, SENTENCE)
+    (alignment,) = answer["translations"][0]["alignment"]
+    page.locator("table.heatmap td[tabindex='0']").focus()
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowDown")
+    focused = page.evaluate(
+        """() => {
+            const cell = document.activeElement;
+            return {t: cell.dataset.t, s: cell.dataset.s, label: cell.getAttribute('aria-label')};
+        }"""
+    )
+    assert (focused["t"], focused["s"]) == ("1", "1")
+    target, source = alignment["target_words"][1], alignment["source_words"][1]
+    assert focused["label"] == f"{target} ← {source}: {alignment['word_weights'][1][1]:.2f}"
+    assert page.locator("thead th.active").inner_text() == source
+    # Tab reaches the words of the alignment lines; focusing one highlights like hovering.
+    page.locator(".tgt[data-t='0']").focus()
+    assert page.locator(".tgt.active").inner_text() == alignment["target_words"][0]
+    assert page.locator(".src.best").count() == 1
+
+
+def test_an_api_error_is_shown_in_plain_words(page):
+    answer = translate(page, "Un chat dort. " * 30)  # 420 characters: past the limit of 300
+    assert answer["detail"][0]["type"] == "text_too_long"
+    error = page.locator("#error")
+    error.wait_for(state="visible")
+    text = error.inner_text()
+    assert text.startswith("The server did not accept this request.")
+    assert f"the limit is {MAX_CHARS} characters per text" in text
+    assert page.locator("#results").is_hidden()
+    screenshot(page, "page-error.png")
+
+
+def test_n_best_alternatives_are_listed_with_scores(page):
+    page.select_option("#search", "beam")
+    page.fill("#beam", "3")
+    page.fill("#nbest", "3")
+    answer = translate(page, SENTENCE)
+    alternatives = answer["translations"][0]["n_best"]
+    items = page.locator("#alternatives li")
+    assert items.count() == len(alternatives) == 3
+    for item, alternative in zip(items.all(), alternatives, strict=True):
+        assert item.inner_text() == f"{alternative['text']} ({alternative['score']:.3f})"
+
+
+def test_greedy_sends_beam_size_1(page):
+    page.select_option("#search", "greedy")
+    page.fill("#text", SENTENCE)
+    with page.expect_request("**/v1/translate") as request:
+        page.click("#go")
+    assert json.loads(request.value.post_data)["beam_size"] == 1
+    assert page.locator("#nbest").is_disabled()
+
+
+def test_switching_layer_and_head_changes_the_weights_shown(page):
+    """Another layer is asked of the API (alignment_layer, alignment_heads "all"); the heatmap
+    then shows that layer's weights, and one head's when a head is picked."""
+    requests: list[dict] = []
+    page.on(
+        "request",
+        lambda r: (
+            requests.append(json.loads(r.post_data)) if r.url.endswith("/v1/translate") else 0
+        ),
+    )
+    answer = translate(page, SENTENCE)
+    last = answer["translations"][0]["alignment"][0]
+    assert page.locator("#layer-box").is_visible()
+    assert page.locator("#layer").input_value() == str(last["layer"])
+    assert page.locator("#layer option").count() == last["layer"] + 1  # the model's layers
+    page.check("input[name=view][value=pieces]")
+    assert cell_weights(page) == last["weights"]
+
+    with page.expect_response("**/v1/translate") as response:
+        page.select_option("#layer", "0")
+    assert requests[-1]["alignment_layer"] == 0 and requests[-1]["alignment_heads"] == "all"
+    assert requests[-1]["text"] == SENTENCE
+    first = response.value.json()["translations"][0]["alignment"][0]
+    expect(page.locator("#layer")).to_have_value("0")
+    expect(page.locator("#head-box")).to_be_visible()
+    assert cell_weights(page) == first["weights"] != last["weights"]
+
+    page.select_option("#head", "1")
+    assert cell_weights(page) == first["head_weights"][1] != first["weights"]
+    page.select_option("#head", "2")
+    assert cell_weights(page) == first["head_weights"][2]
+    screenshot(page, "page-layers.png")
+
+
+def test_the_page_fits_a_phone_screen(browser, server: Server):
+    context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True)
+    page = context.new_page()
+    page.goto(server.url + "/")
+    expect(page.locator("#pair option").first).to_be_attached()
+    translate(page, "Une femme en robe blanche danse avec un homme en costume.")
+    # Nothing wider than the screen: wide heatmaps and sentences scroll inside their boxes.
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    screenshot(page, "page-phone.png")
+    context.close()
