@@ -82,12 +82,29 @@ def test_options_the_model_cannot_honour_are_refused_and_hints_accepted(server: 
     translator = client(server)
     with pytest.raises(deepl.DeepLException, match="formality"):
         translator.translate_text("Bonjour.", target_lang="EN-GB", formality="more")
-    with pytest.raises(deepl.DeepLException, match="tag_handling"):
-        translator.translate_text("<b>Bonjour.</b>", target_lang="EN-GB", tag_handling="xml")
+    with pytest.raises(deepl.DeepLException, match="Tag handling parsing failed"):
+        translator.translate_text("<b>Bonjour.", target_lang="EN-GB", tag_handling="xml")
     hinted = translator.translate_text(
         TEXTS[0], target_lang="EN-GB", formality="prefer_less", context="Un article de sport."
     )
     assert hinted.text == native(server, TEXTS[:1])[0]
+
+
+def test_the_official_client_with_tag_handling_keeps_the_tags(server: Server):
+    translator = client(server)
+    xml = translator.translate_text(
+        'Un <b>chien</b> court dans la <x id="1"></x> neige.',
+        target_lang="EN-GB",
+        tag_handling="xml",
+        ignore_tags=["x"],
+    )
+    assert xml.text.count("<b>") == xml.text.count("</b>") == 1
+    assert '<x id="1"></x>' in xml.text and "dog" in xml.text
+    html = translator.translate_text(
+        "<p>Un homme fait du <i>vélo</i>.</p>", target_lang="EN-US", tag_handling="html"
+    )
+    assert html.text.startswith("<p>") and html.text.endswith("</p>")
+    assert html.text.count("<i>") == html.text.count("</i>") == 1
 
 
 def test_form_bodies_with_repeated_text_and_split_modes(server: Server, fr_en_bundle: Path):

@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from nmt_contract import BUNDLE_FORMAT
+
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLES = ROOT / "build" / "models"
 CHECKPOINT = ROOT / "models" / "fr-en"
@@ -29,7 +31,8 @@ READY_TIMEOUT_SECONDS = 120.0
 def ensure_bundle(bundles: Path = BUNDLES) -> Path:
     """The folder of bundles to serve: the committed checkpoint, exported once (with int8)."""
     bundle = bundles / "fr-en"
-    if not (bundle / "bundle.json").is_file():
+    manifest = bundle / "bundle.json"
+    if not manifest.is_file() or json.loads(manifest.read_text()).get("format") != BUNDLE_FORMAT:
         export = ["-m", "nmt_cli", "export", "--checkpoint", str(CHECKPOINT), "--out", str(bundle)]
         subprocess.run([sys.executable, *export, "--int8"], cwd=ROOT, check=True)
     return bundles

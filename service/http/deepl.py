@@ -6,10 +6,13 @@ As DeepL: JSON or form bodies (`text` repeated in a form, a list in JSON); upper
 codes, `EN-GB`/`EN-US` as English targets; `{"translations": [{"detected_source_language",
 "text"}]}`; errors as `{"message": ...}` with DeepL's statuses (400, 403, 413, 429 with
 Retry-After, 456 when the character quota is used up, 503); `Authorization: DeepL-Auth-Key KEY`
-checked against NMT_API_KEYS when keys are configured. What the models cannot honour is
-refused with DeepL's own wording (`formality` `more`/`less`, glossaries, `tag_handling` for
-now), or accepted and ignored where DeepL too treats it as a hint (`formality` `prefer_*`,
-`context`). docs/compatibility.md lists every field.
+checked against NMT_API_KEYS when keys are configured. `tag_handling` `html` or `xml` (with
+`ignore_tags`, `splitting_tags`, `non_splitting_tags`, `outline_detection`) translates the
+text of the markup and carries its tags to the aligned words (service/http/markup.py); XML it
+cannot read is DeepL's 400 "Tag handling parsing failed". What the models cannot honour is
+refused with DeepL's own wording (`formality` `more`/`less`, glossaries), or accepted and
+ignored where DeepL too treats it as a hint (`formality` `prefer_*`, `context`).
+docs/compatibility.md lists every field.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from service.http import markup
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
 from service.http.libretranslate import LANGUAGE_NAMES
 from service.runtime.search import SearchOptions
@@ -49,6 +53,8 @@ REGION_NAMES = {
 }
 SPLIT_MODES: dict[str, SplitMode] = {"1": "sentences", "0": "none", "nonewlines": "no_newlines"}
 FORMALITIES = {"default", "prefer_more", "prefer_less", "more", "less"}
+TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")
+BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
 
 
 class DeepLError(Exception):
@@ -157,7 +163,7 @@ async def _read_fields(request: Request) -> dict[str, Any]:
         for name in set(form.keys()):
             values = [v for v in form.getlist(name) if isinstance(v, str)]
             if values:
-                fields[name] = values if name in ("text", "ignore_tags") else values[-1]
+                fields[name] = values if name in ("text", *TAG_LISTS) else values[-1]
     return fields
 
 
@@ -186,11 +192,12 @@ async def _translate(
                 "(NMT_MAX_CHARS_PER_TEXT).",
             )
     target = _target_language(fields.get("target_lang"))
-    source = await _source_language(service, fields.get("source_lang"), texts, target)
     _refuse_what_cannot_be_honoured(fields)
-    split = SPLIT_MODES.get(str(fields.get("split_sentences", "1")).lower())
-    if split is None:
-        raise DeepLError(400, "Value for 'split_sentences' not supported.")
+    tags = _tag_handling(fields)
+    split = tags.split if tags is not None else _split_mode(fields, "1")
+    documents = _read_markup(texts, tags) if tags is not None else None
+    plain = [d.plain_text for d in documents] if documents is not None else texts
+    source = await _source_language(service, fields.get("source_lang"), plain, target)
     model = service.model_for(source, target)
     request.state.model = model.name
     options = SearchOptions(
@@ -199,22 +206,79 @@ async def _translate(
         max_length=settings.max_output_length,
         max_repeats=settings.max_repeats,
     )
-    result = await service.translate(
-        model, texts, options, lambda: client_disconnected(request), split=split
-    )
-    request.state.sentences = result.sentences
-    request.state.input_tokens = result.input_tokens
-    request.state.output_tokens = result.output_tokens
+
+    def gone() -> Awaitable[None]:
+        return client_disconnected(request)
+
+    if documents is not None:
+        result = await markup.translate(service, model, documents, options, gone)
+        translated, counts = result.texts, result
+    else:
+        answer = await service.translate(model, texts, options, gone, split=split)
+        translated, counts = [item.text for item in answer.texts], answer
+    request.state.sentences = counts.sentences
+    request.state.input_tokens = counts.input_tokens
+    request.state.output_tokens = counts.output_tokens
     detected = source.upper()
     return JSONResponse(
         {
             "translations": [
                 # DeepL bills the source characters; its clients read the count.
-                {"detected_source_language": detected, "text": item.text, "billed_characters": n}
-                for item, n in zip(result.texts, map(len, texts), strict=True)
+                {"detected_source_language": detected, "text": text, "billed_characters": n}
+                for text, n in zip(translated, map(len, texts), strict=True)
             ]
         }
     )
+
+
+def _split_mode(fields: dict[str, Any], default: str) -> SplitMode:
+    split = SPLIT_MODES.get(str(fields.get("split_sentences", default)).lower())
+    if split is None:
+        raise DeepLError(400, "Value for 'split_sentences' not supported.")
+    return split
+
+
+def _tag_handling(fields: dict[str, Any]) -> markup.MarkupOptions | None:
+    """DeepL's markup fields; None for plain text (the tag lists then mean nothing, as in
+    DeepL). HTML splits on punctuation only by default, as DeepL does."""
+    value = fields.get("tag_handling")
+    if not value:
+        return None
+    if not isinstance(value, str) or value.lower() not in ("html", "xml"):
+        raise DeepLError(400, "Value for 'tag_handling' not supported.")
+    kind: markup.MarkupKind = "html" if value.lower() == "html" else "xml"
+    if str(fields.get("tag_handling_version") or "v1").lower() not in ("v1", "v2"):
+        raise DeepLError(400, "Value for 'tag_handling_version' not supported.")
+    outline = fields.get("outline_detection", True)
+    if not isinstance(outline, bool):
+        outline = BOOLEANS.get(str(outline).strip().lower())
+        if outline is None:
+            raise DeepLError(400, "Value for 'outline_detection' not supported.")
+    return markup.MarkupOptions(
+        kind=kind,
+        split=_split_mode(fields, "nonewlines" if kind == "html" else "1"),
+        ignore_tags=_tag_list(fields, "ignore_tags"),
+        splitting_tags=_tag_list(fields, "splitting_tags"),
+        non_splitting_tags=_tag_list(fields, "non_splitting_tags"),
+        outline_detection=outline,
+    )
+
+
+def _tag_list(fields: dict[str, Any], name: str) -> frozenset[str]:
+    """A list of tag names: comma-separated, repeated in a form, or a JSON list."""
+    value = fields.get(name) or []
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise DeepLError(400, f"Value for '{name}' not supported.")
+    return frozenset(tag.strip() for v in values for tag in v.split(",") if tag.strip())
+
+
+def _read_markup(texts: list[str], options: markup.MarkupOptions) -> list[markup.Document]:
+    try:
+        return markup.read(texts, options)
+    except markup.MarkupError as error:
+        message = f"Tag handling parsing failed, please check input. ({error})"
+        raise DeepLError(400, message) from None
 
 
 def _target_language(value: Any) -> str:
@@ -244,8 +308,6 @@ def _refuse_what_cannot_be_honoured(fields: dict[str, Any]) -> None:
         raise DeepLError(400, "'formality' is not supported for the given target language.")
     if fields.get("glossary_id"):
         raise DeepLError(400, "Glossaries are not supported by this server.")
-    if fields.get("tag_handling"):
-        raise DeepLError(400, "'tag_handling' is not supported by this server yet.")
 
 
 def _language_list(service: TranslationService, kind: str) -> list[dict[str, Any]]:
@@ -309,6 +371,9 @@ _REQUEST_BODY = {
                     "preserve_formatting": {"type": "boolean"},
                     "formality": {"type": "string", "enum": sorted(FORMALITIES)},
                     "context": {"type": "string"},
+                    "tag_handling": {"type": "string", "enum": ["html", "xml"]},
+                    "outline_detection": {"type": "boolean"},
+                    **{name: {"type": "array", "items": {"type": "string"}} for name in TAG_LISTS},
                 },
             }
         },

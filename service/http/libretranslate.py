@@ -5,9 +5,9 @@ It answers as LibreTranslate does: JSON or form bodies; `q` a string or a list o
 `{"translatedText": str | [str]}` (plus `alternatives` when asked); errors as
 `{"error": "..."}` with LibreTranslate's status codes and wording (400 for anything wrong with
 the request, 429 "Slowdown: ...") and, beyond what LibreTranslate has, 503 and 504 as in the
-native API. Differences, by necessity: `format` "html" is refused (this server translates plain
-text), and `source` "auto" only works when a single source language translates into `target`
-(there is no language detection).
+native API. `format` "html" translates the text of the markup and carries its tags to the
+aligned words (service/http/markup.py); `alternatives` are then empty lists, as LibreTranslate
+answers for HTML.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from service.http import markup
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
 from service.runtime.search import SearchOptions
 from service.serving.access import ApiKeys
@@ -31,6 +32,7 @@ from service.serving.errors import (
     UnknownPair,
 )
 from service.serving.pipeline import TranslationService
+from service.serving.registry import LoadedModel
 from service.serving.settings import Settings
 
 LANGUAGE_NAMES = {
@@ -101,7 +103,7 @@ def build_router(settings: Settings) -> APIRouter:
                                 },
                                 "source": {"type": "string", "example": "fr"},
                                 "target": {"type": "string", "example": "en"},
-                                "format": {"type": "string", "enum": ["text"]},
+                                "format": {"type": "string", "enum": ["text", "html"]},
                                 "alternatives": {
                                     "type": "integer",
                                     "minimum": 0,
@@ -267,13 +269,16 @@ async def _translate(
             raise LibreError(400, f"Invalid request: {name} must be a string")
     _check_limits(texts, settings)
     text_format = fields.get("format") or "text"
-    if text_format != "text":
+    if text_format not in ("text", "html"):
         raise LibreError(400, f"{text_format} format is not supported")
     alternatives = _alternatives(fields.get("alternatives"), settings.max_beam_size - 1)
+    # HTML: parsed first, so that detection reads the text, not the tags.
+    documents = _read_html(texts) if text_format == "html" else None
 
     detected = None
     if source == "auto":
-        found = await service.detect_source(texts, target)
+        plain = [d.plain_text for d in documents] if documents is not None else texts
+        found = await service.detect_source(plain, target)
         source = found.language
         detected = {"confidence": found.confidence, "language": found.language}
     model = service.model_for(source, target)
@@ -285,19 +290,59 @@ async def _translate(
         max_length=settings.max_output_length,
         max_repeats=settings.max_repeats,
     )
-    result = await service.translate(model, texts, options, lambda: client_disconnected(request))
-    request.state.sentences = result.sentences
-    request.state.input_tokens = result.input_tokens
-    request.state.output_tokens = result.output_tokens
-
-    translated = [item.text for item in result.texts]
+    if documents is not None:
+        translated, others = await _translate_html(service, model, documents, options, request)
+    else:
+        translated, others = await _translate_text(service, model, texts, options, request)
     body: dict[str, Any] = {"translatedText": translated if batch else translated[0]}
     if alternatives:
-        others = [[a.text for a in item.n_best[1:]] for item in result.texts]
         body["alternatives"] = others if batch else others[0]
     if detected:
         body["detectedLanguage"] = [detected] * len(texts) if batch else detected
     return JSONResponse(body)
+
+
+def _read_html(texts: list[str]) -> list[markup.Document]:
+    try:
+        return markup.read(texts, markup.MarkupOptions(kind="html"))
+    except markup.MarkupError as error:
+        raise LibreError(400, f"Invalid request: {error}") from None
+
+
+async def _translate_text(
+    service: TranslationService,
+    model: LoadedModel,
+    texts: list[str],
+    options: SearchOptions,
+    request: Request,
+) -> tuple[list[str], list[list[str]]]:
+    """Translations and their alternatives."""
+    result = await service.translate(model, texts, options, lambda: client_disconnected(request))
+    _account(request, result.sentences, result.input_tokens, result.output_tokens)
+    others = [[a.text for a in item.n_best[1:]] for item in result.texts]
+    return [item.text for item in result.texts], others
+
+
+async def _translate_html(
+    service: TranslationService,
+    model: LoadedModel,
+    documents: list[markup.Document],
+    options: SearchOptions,
+    request: Request,
+) -> tuple[list[str], list[list[str]]]:
+    """Translated markup; no alternatives (LibreTranslate gives none for HTML either)."""
+    result = await markup.translate(
+        service, model, documents, options, lambda: client_disconnected(request)
+    )
+    _account(request, result.sentences, result.input_tokens, result.output_tokens)
+    return result.texts, [[] for _ in documents]
+
+
+def _account(request: Request, sentences: int, input_tokens: int, output_tokens: int) -> None:
+    """What the access log reports of a request."""
+    request.state.sentences = sentences
+    request.state.input_tokens = input_tokens
+    request.state.output_tokens = output_tokens
 
 
 def _alternatives(value: Any, most: int) -> int:
