@@ -164,8 +164,11 @@ def _languages(hf_dir: Path, source_lang: str | None, target_lang: str | None) -
     return source_lang, target_lang
 
 
-def config_from_marian(hf: dict, vocab: dict[str, int], languages: tuple[str, str]) -> ModelConfig:
-    """Our ModelConfig for a Marian config.json (refusing what we cannot represent)."""
+def config_from_marian(
+    hf: dict, vocab: dict[str, int], languages: tuple[str, str], generation: dict | None = None
+) -> ModelConfig:
+    """Our ModelConfig for a Marian config.json and its generation_config.json, which wins
+    where both say something (refusing what we cannot represent)."""
     problems = unsupported_settings(hf)
     if problems:
         raise MarianInteropError(
@@ -185,6 +188,8 @@ def config_from_marian(hf: dict, vocab: dict[str, int], languages: tuple[str, st
             )
     if "<unk>" not in vocab:
         raise MarianInteropError("vocab.json has no <unk> piece")
+    generation = generation or {}
+    forced_eos = generation.get("forced_eos_token_id", hf.get("forced_eos_token_id"))
     largest = max(vocab.values())
     if largest >= vocab_size:
         raise MarianInteropError(
@@ -209,6 +214,7 @@ def config_from_marian(hf: dict, vocab: dict[str, int], languages: tuple[str, st
         decoder_start_id=start_id,
         source_lang=languages[0],
         target_lang=languages[1],
+        force_eos_at_limit=forced_eos is not None and forced_eos == eos_id,
     )
 
 
@@ -321,7 +327,9 @@ def import_marian(
         )
     vocab = _read_json(hf_dir / VOCAB_JSON)
     languages = _languages(hf_dir, source_lang, target_lang)
-    config = config_from_marian(_read_json(hf_dir / "config.json"), vocab, languages)
+    generation_file = hf_dir / "generation_config.json"
+    generation = _read_json(generation_file) if generation_file.is_file() else None
+    config = config_from_marian(_read_json(hf_dir / "config.json"), vocab, languages, generation)
     model = Transformer(config)
     weights = weights_from_marian(read_hf_weights(hf_dir), config)
     result = model.load_state_dict(weights, strict=False)
@@ -384,8 +392,9 @@ def marian_config(config: ModelConfig) -> dict:
         "eos_token_id": to_marian[config.eos_id],
         "decoder_start_token_id": to_marian[config.decoder_start_id],
         "bos_token_id": None,
-        # MarianConfig's default (0) would force </s> at max_length; our engine never does.
-        "forced_eos_token_id": None,
+        # MarianConfig's default (0) would force </s> at max_length, which our engine does only
+        # for models that asked for it (imported opus-mt models do).
+        "forced_eos_token_id": to_marian[config.eos_id] if config.force_eos_at_limit else None,
         "share_encoder_decoder_embeddings": True,
         "tie_word_embeddings": True,
         "is_encoder_decoder": True,
@@ -395,12 +404,13 @@ def marian_config(config: ModelConfig) -> dict:
 
 
 def generation_config(config: dict) -> dict:
-    """Decoding settings that match our engine: no forced </s>, no banned words."""
+    """Decoding settings that match our engine: </s> forced at the limit only when the model
+    asks for it, no banned words."""
     return {
         "decoder_start_token_id": config["decoder_start_token_id"],
         "eos_token_id": config["eos_token_id"],
         "pad_token_id": config["pad_token_id"],
-        "forced_eos_token_id": None,
+        "forced_eos_token_id": config["forced_eos_token_id"],
         "max_length": config["max_position_embeddings"],
     }
 

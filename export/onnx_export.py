@@ -318,6 +318,8 @@ def export_bundle(
                 "unk": config.unk_id,
                 "decoder_start": config.decoder_start_id,
             },
+            # How the runtime must decode this model, beyond the length limit every bundle has.
+            "decoding": {"force_eos_at_limit": config.force_eos_at_limit},
             "tokenizer": tokenizer_files,
             "graphs": {
                 "encoder": "encoder.onnx",

@@ -100,6 +100,7 @@ class Harness:
     """A ContinuousScheduler over FakeBatches, driven by hand."""
 
     def __init__(self, **limits) -> None:
+        limits = {"join_ratio": 0.0, "join_max_steps": 0, **limits}  # join at every step
         self.steps: list[tuple[int, list[str]]] = []
         self.clock = FakeClock()
         self.metrics = Metrics()
@@ -224,6 +225,23 @@ def test_one_batch_holds_different_lengths_penalties_and_n_best_but_not_beam_siz
         assert all(job.future.done() for job in jobs)
         # One running batch per beam size; the one with the oldest sentence steps first.
         assert h.steps == [(1, ["j0/0", "j1/0"])] * 3 + [(2, ["j2/0", "j3/0"])] * 3
+
+    run(test)
+
+
+def test_waiting_sentences_join_together_when_enough_wait_or_enough_steps_passed():
+    async def test():
+        h = Harness(join_ratio=0.5, join_max_steps=3)
+        h.submit("a", [sentence(n, steps=20) for n in range(1, 5)])  # 4 running
+        await h.turns(1)
+        h.submit("b", [sentence(5, steps=20)])  # 1 waiting < 0.5 x 4: not yet
+        await h.turns(2)
+        assert "b/0" not in h.steps[-1][1]
+        await h.turns(1)  # 3 steps since the last join: now
+        assert "b/0" in h.steps[-1][1]
+        h.submit("c", [sentence(n, steps=20) for n in range(6, 9)])  # 3 waiting >= 0.5 x 5
+        await h.turns(1)
+        assert {"c/0", "c/1", "c/2"} <= set(h.steps[-1][1])
 
     run(test)
 

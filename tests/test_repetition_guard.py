@@ -62,7 +62,7 @@ class LoopingEngine:
         self.second = second
 
     eos_id, pad_id, start_id, max_positions = EOS, PAD, START, 512
-    layers, heads = 1, 1
+    layers, heads, force_eos_at_limit = 1, 1, False
     vocab = 10
 
     def start(

@@ -28,6 +28,9 @@ class ModelConfig:
     decoder_start_id: int = 0
     source_lang: str = "fr"
     target_lang: str = "en"
+    # Write </s> as the last token a sentence may produce when it reaches its length limit,
+    # instead of its best token (Hugging Face's forced_eos_token_id, on in opus-mt models).
+    force_eos_at_limit: bool = False
 
     @property
     def head_dim(self) -> int:

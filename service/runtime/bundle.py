@@ -47,6 +47,12 @@ class Bundle:
     def has_int8(self) -> bool:
         return bool(self.manifest.get("int8"))
 
+    @property
+    def force_eos_at_limit(self) -> bool:
+        """A sentence that reaches its length limit ends with </s> (Hugging Face's
+        forced_eos_token_id, kept from an imported Marian model)."""
+        return bool(self.manifest.get("decoding", {}).get("force_eos_at_limit", False))
+
     def graph(self, role: str, int8: bool = False) -> Path:
         """Path of a graph ("encoder", "decoder", "decoder_nocache"), fp32 or int8."""
         if role not in self.manifest["graphs"]:

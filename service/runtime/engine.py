@@ -113,21 +113,18 @@ class DecoderState:
         """Append another state's sources and rows (sentences joining a running batch) after
         ours, with the same rows per source. Sources are right-padded to the wider of the two
         (padding masked out of cross-attention), self-attention caches left-padded to the
-        longer (masked out by past_mask): each row keeps its own real positions."""
+        longer (masked out by past_mask): each row keeps its own real positions. Each array
+        is copied once, into its new place."""
         width = max(self.source_mask.shape[1], joining.source_mask.shape[1])
-        self.source_mask = np.concatenate(
-            [_pad_axis(m, width, axis=1) for m in (self.source_mask, joining.source_mask)]
-        )
+        length = max(self.past_mask.shape[1], joining.past_mask.shape[1])
+        self.source_mask = _stacked(self.source_mask, joining.source_mask, axis=1, size=width)
         self.cross = [
-            np.concatenate([_pad_axis(a, width, axis=2), _pad_axis(b, width, axis=2)])
+            _stacked(a, b, axis=2, size=width)
             for a, b in zip(self.cross, joining.cross, strict=True)
         ]
-        length = max(self.past_mask.shape[1], joining.past_mask.shape[1])
-        self.past_mask = np.concatenate(
-            [_pad_axis(m, length, axis=1, left=True) for m in (self.past_mask, joining.past_mask)]
-        )
+        self.past_mask = _stacked(self.past_mask, joining.past_mask, 1, length, left=True)
         self.past = [
-            np.concatenate([_pad_axis(a, length, 2, left=True), _pad_axis(b, length, 2, left=True)])
+            _stacked(a, b, axis=2, size=length, left=True)
             for a, b in zip(self.past, joining.past, strict=True)
         ]
         self.positions = np.concatenate([self.positions, joining.positions])
@@ -136,14 +133,20 @@ class DecoderState:
         self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
 
 
-def _pad_axis(array: np.ndarray, size: int, axis: int, left: bool = False) -> np.ndarray:
-    """Zero-pad (False for masks) one axis of an array up to `size`, at its end or its start."""
-    missing = size - array.shape[axis]
-    if missing == 0:
-        return array
-    widths = [(0, 0)] * array.ndim
-    widths[axis] = (missing, 0) if left else (0, missing)
-    return np.pad(array, widths)
+def _stacked(
+    first: np.ndarray, second: np.ndarray, axis: int, size: int, left: bool = False
+) -> np.ndarray:
+    """first and second one after the other along axis 0, each zero-padded (False for masks)
+    along `axis` to `size`, at its end or its start: one new array, each input copied once."""
+    shape = list(first.shape)
+    shape[0], shape[axis] = len(first) + len(second), size
+    out = np.zeros(shape, dtype=first.dtype)
+    for rows, part in ((slice(0, len(first)), first), (slice(len(first), None), second)):
+        width = part.shape[axis]
+        place = [rows] + [slice(None)] * (part.ndim - 1)
+        place[axis] = slice(size - width, size) if left else slice(0, width)
+        out[tuple(place)] = part
+    return out
 
 
 @dataclass
@@ -170,6 +173,7 @@ class Engine:
         self.max_positions, self.vocab_size = dims["max_positions"], dims["vocab_size"]
         ids = bundle.special_ids
         self.eos_id, self.pad_id, self.start_id = ids["eos"], ids["pad"], ids["decoder_start"]
+        self.force_eos_at_limit = bundle.force_eos_at_limit
         self.cross_names = layer_names("cross", self.layers)
         self.past_names = layer_names("past", self.layers)
         self.present_names = layer_names("present", self.layers)

@@ -380,10 +380,15 @@ class GreedyBatch(RunningBatch):
             best = np.where(use_second, second, best)
             best_log_prob = np.where(use_second, result.top_log_probs[:, 1], best_log_prob)
             stuck = first_loops & ~use_second
+        steps = self.per_sentence.steps
+        at_limit = steps >= self.per_sentence.limit
+        if self.engine.force_eos_at_limit:  # </s> as the last token, scored 0 (as in HF)
+            best = np.where(at_limit, eos, best)
+            best_log_prob = np.where(at_limit, 0.0, best_log_prob)
+            stuck &= ~at_limit
         self.log_probs += np.where(stuck, 0.0, best_log_prob)
         self.sequences = np.concatenate([self.sequences, best[:, None]], axis=1)
-        steps = self.per_sentence.steps
-        ended = (best == eos) | (steps >= self.per_sentence.limit) | stuck
+        ended = (best == eos) | at_limit | stuck
 
         finished = []
         for row in np.flatnonzero(ended):
@@ -453,12 +458,19 @@ class BeamBatch(RunningBatch):
             tokens = result.top_ids.reshape(live, width, per_beam)
             closes = (closers == tokens[..., None]).any(axis=3) & (tokens != eos)
             candidates = np.where(closes, -np.inf, candidates)
+        at_limit = length >= self.per_sentence.limit  # [live]
+        top_ids = result.top_ids.reshape(live, width, per_beam)
+        if self.engine.force_eos_at_limit and at_limit.any():
+            # At its limit a beam's one continuation is </s>, scored 0 (as in HF).
+            top_ids = top_ids.copy()
+            top_ids[at_limit, :, 0] = eos
+            candidates[at_limit, :, 0] = self.scores[at_limit]
+            candidates[at_limit, :, 1:] = -np.inf
         candidates = candidates.reshape(live, -1)
         top, top_scores = _top_candidates(candidates, 2 * width)  # [live, 2K], best first
         first_row = np.arange(live)[:, None] * width
         top_row = first_row + top // per_beam  # the beam (row) each candidate continues
-        top_token = np.take_along_axis(result.top_ids.reshape(live, -1), top, axis=1)
-        at_limit = length >= self.per_sentence.limit  # [live]
+        top_token = np.take_along_axis(top_ids.reshape(live, -1), top, axis=1)
         valid = top_scores > -np.inf
         ends = valid & ((top_token == eos) | at_limit[:, None])
 

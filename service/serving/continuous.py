@@ -8,7 +8,10 @@ One turn of the worker loop (`work_once`):
 2. queued sentences join the running batch of their beam size, oldest first, while it has
    room: at most `max_sentences` sentences and `max_total_tokens` reserved tokens (each
    sentence reserves its source plus the self-attention cache its rows may grow to);
-   joining encodes them (one encoder call) and merges their keys/values into the batch;
+   joining encodes them (one encoder call) and merges their keys/values into the batch.
+   A join copies the batch's caches, so they join together: once they are `join_ratio`
+   times the sentences running, or `join_max_steps` steps after the last join, or at once
+   into an empty batch;
 3. one running batch runs one decoder step: the one holding the oldest sentence (sentences of
    one beam size share steps; across beam sizes, first come first served, so a greedy
    sentence is not slowed by beam steps interleaved with its own, nor the reverse);
@@ -88,6 +91,7 @@ class ContinuousScheduler(Scheduler):
         super().__init__(model, limits, observer, clock)
         self._new_batch = new_batch
         self._batches: dict[Hashable, DecodingBatch] = {}  # by beam size; worker thread only
+        self._steps_since_join: dict[Hashable, int] = {}
 
     @property
     def running(self) -> int:
@@ -128,6 +132,7 @@ class ContinuousScheduler(Scheduler):
             by_key.setdefault(_key(item), []).append(item)
         for key, items in by_key.items():
             self._join(key, items)
+            self._steps_since_join[key] = 0
         key = self._next_key()
         if key is None:
             return False
@@ -135,17 +140,26 @@ class ContinuousScheduler(Scheduler):
         return True
 
     def _rooms(self) -> dict[Hashable, Room]:
-        """Room left in the running batch of every beam size that is queued for."""
-        rooms: dict[Hashable, Room] = {}
+        """Room left in the running batch of every beam size that is queued for; none in a
+        batch that should run on a little longer before the next join (see BatchLimits)."""
+        waiting: dict[Hashable, int] = {}
         for item in self._queue.items:
             key = _key(item)
-            if key not in rooms:
-                batch = self._batch(key)
-                rooms[key] = Room(
-                    sentences=self.limits.max_sentences - len(batch),
-                    tokens=self.limits.max_total_tokens - batch.reserved_tokens(),
-                    empty=not len(batch),
-                )
+            waiting[key] = waiting.get(key, 0) + 1
+        rooms: dict[Hashable, Room] = {}
+        for key, count in waiting.items():
+            batch = self._batch(key)
+            running = len(batch)
+            due = (
+                not running
+                or count >= self.limits.join_ratio * running
+                or self._steps_since_join.get(key, 0) >= self.limits.join_max_steps
+            )
+            rooms[key] = Room(
+                sentences=self.limits.max_sentences - running if due else 0,
+                tokens=self.limits.max_total_tokens - batch.reserved_tokens(),
+                empty=not running,
+            )
         return rooms
 
     def _cost(self, item: QueuedSentence) -> int:
@@ -189,6 +203,7 @@ class ContinuousScheduler(Scheduler):
 
     def _step(self, key: Hashable) -> None:
         batch = self._batches[key]
+        self._steps_since_join[key] = self._steps_since_join.get(key, 0) + 1
         sentences, rows, reserved = len(batch), batch.rows, batch.reserved_tokens()
         started = self.clock()
         try:

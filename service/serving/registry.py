@@ -143,6 +143,8 @@ class ModelRegistry:
             max_tokens=settings.max_batch_tokens,
             max_wait=settings.max_batch_wait_seconds,
             max_total_tokens=settings.max_batch_total_tokens,
+            join_ratio=settings.join_ratio,
+            join_max_steps=settings.join_max_steps,
             max_queued=settings.max_queue_sentences,
             retry_after=settings.retry_after_seconds,
         )

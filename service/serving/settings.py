@@ -137,6 +137,18 @@ class Settings(BaseSettings):
         "its sentences (source + beam size x length limit); a sentence that would pass it "
         "waits",
     )
+    join_ratio: float = Field(
+        0.3,
+        ge=0,
+        description="continuous batching: waiting sentences join a running batch together, "
+        "once they are this many times the sentences running (TGI's waiting_served_ratio) ...",
+    )
+    join_max_steps: int = Field(
+        6,
+        ge=0,
+        description="... or once this many decoder steps have passed since the last join "
+        "(TGI's max_waiting_tokens); an empty batch takes them at once; 0 and 0: every step",
+    )
     max_batch_tokens: int = Field(
         4096,
         gt=0,
