@@ -18,8 +18,13 @@ from typing import Any
 # 3: caches per layer; cross keys/values per source, shared by the beams of a sentence;
 #    only the top-k log-probs come out (no [B, V] output)
 # 4: the decoder step takes past_mask [rows, P] and positions [rows] (rows of a running batch
-#    joined at different steps) and also returns every layer's cross-attention `attention`
+#    joined at different steps) and also returns every layer's cross-attention, attention_i
 BUNDLE_FORMAT = 4
+
+
+def attention_output_names(layers: int) -> list[str]:
+    """The decoder step's outputs of each layer's cross-attention weights [rows, H, S]."""
+    return [f"attention_{layer}" for layer in range(layers)]
 
 
 def layer_names(kind: str, layers: int) -> list[str]:

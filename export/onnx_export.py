@@ -10,8 +10,8 @@ both sides agree on):
   (rows may have joined the running batch at different steps: their caches are left-padded),
   past and cross keys/values; outputs: the top_k log-probs of the next token and their ids
   [rows, k], best first (top_k = V gives the whole distribution), the alignment (last layer's
-  cross-attention weights, head mean) [rows, S], every layer's and head's weights
-  `attention` [rows, L, H, S], and the present keys/values.
+  cross-attention weights, head mean) [rows, S], every layer's weights head by head
+  `attention_0`, `attention_1`, ... [rows, H, S], and the present keys/values.
 * `decoder_nocache.onnx`: recomputes the whole target prefix each step; for benchmarks only,
   so that what the cache buys is measured rather than assumed.
 * `*.int8.onnx`: the same graphs with dynamically quantized (int8) MatMul weights.
@@ -40,7 +40,7 @@ from torch import nn
 
 from export.checkpoint import load_model_dir, read_description
 from export.model.transformer import Transformer
-from nmt_contract import BUNDLE_FORMAT, layer_names, sha256_of
+from nmt_contract import BUNDLE_FORMAT, attention_output_names, layer_names, sha256_of
 
 log = logging.getLogger("nmt.export")
 
@@ -103,17 +103,18 @@ class DecoderStepGraph(nn.Module):
         # then cross keys/values per layer [B/K, H, S, Dh] from encoder.onnx
     ) -> tuple[torch.Tensor, ...]:
         past, cross = _pairs(caches[: 2 * self.layers]), _pairs(caches[2 * self.layers :])
-        logits, present, attention = self.model.decode(
+        logits, present, layer_weights = self.model.decode(
             target_ids, past, cross, source_mask, past_mask, positions, all_attention=True
         )
         # logits [B, 1, V] -> [B, V]: a Reshape is free, indexing the step axis would copy
         top_log_probs, top_ids = _top_log_probs(logits.reshape(-1, logits.shape[-1]), top_k)
-        # attention [B, L, H, 1, S] -> [B, L, H, S]: every layer's and head's cross-attention
-        # weights of this step; alignment [B, S]: the last layer's, averaged over heads.
-        attention = attention.reshape(*attention.shape[:3], attention.shape[-1])
-        alignment = attention[:, -1].mean(dim=1)
+        # Every layer's cross-attention weights of this step, [B, H, 1, S] -> [B, H, S] each
+        # (a Squeeze: ONNX Runtime runs every node whether its output is asked for or not, so
+        # these stay one node a layer); alignment [B, S]: the last layer's, head mean.
+        attention = tuple(weights.squeeze(2) for weights in layer_weights)
+        alignment = attention[-1].mean(dim=1)
         flat_present = tuple(tensor for pair in present for tensor in pair)  # [B, H, P+1, Dh]
-        return (top_log_probs, top_ids, alignment, attention, *flat_present)
+        return (top_log_probs, top_ids, alignment, *attention, *flat_present)
 
 
 class DecoderNoCacheGraph(nn.Module):
@@ -188,10 +189,12 @@ def export_graphs(model: Transformer, out_dir: Path, nocache: bool = True) -> li
     layers = model.config.decoder_layers
     cross_names = layer_names("cross", layers)
     past_names, present_names = layer_names("past", layers), layer_names("present", layers)
+    attention_names = attention_output_names(layers)
     by_source = {0: "sources", 1: "source"}  # [B/K, S]
     cross = {0: "sources", 2: "source"}  # [B/K, H, S, Dh]
     past = {0: "batch", 2: "past"}  # [B, H, P, Dh]
     present = {0: "batch", 2: "past_plus_one"}
+    weights = {0: "batch", 2: "source"}  # [B, H, S]
     top = {0: "batch", 1: "k"}
     head = {"top_log_probs": top, "top_ids": top}
     with torch.no_grad():
@@ -224,11 +227,18 @@ def export_graphs(model: Transformer, out_dir: Path, nocache: bool = True) -> li
                     *past_names,
                     *cross_names,
                 ],
-                "outputs": ["top_log_probs", "top_ids", "alignment", "attention", *present_names],
+                "outputs": [
+                    "top_log_probs",
+                    "top_ids",
+                    "alignment",
+                    *attention_names,
+                    *present_names,
+                ],
             },
             {"target_ids": {0: "batch"}, "source_mask": by_source}
             | {"past_mask": {0: "batch", 1: "past"}, "positions": {0: "batch"}}
-            | {"alignment": {0: "batch", 1: "source"}, "attention": {0: "batch", 3: "source"}}
+            | {"alignment": {0: "batch", 1: "source"}}
+            | dict.fromkeys(attention_names, weights)
             | head
             | dict.fromkeys(past_names, past)
             | dict.fromkeys(cross_names, cross)

@@ -116,3 +116,18 @@ def test_hits_skip_the_queue_and_the_engine(clients):
     for _ in range(3):
         assert cached.post("/v1/translate", json=body).status_code == 200
     assert sample(cached, "nmt_batch_sentences_count", batches) == before
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache on", "cache off"])
+def test_a_sentence_repeated_in_one_request_is_decoded_once(clients, use_cache: bool):
+    """64 copies of one sentence cost the engine one sentence, whether the cache is on or not
+    (the hostile-input run's slowest requests were such lists)."""
+    client = clients[0 if use_cache else 1]
+    model = {"model": "fr-en"}
+    text = "Un garçon saute dans une piscine bleue."
+    before = sample(client, "nmt_batch_joined_sentences_total", model)
+    body = {"text": [text] * 64, "source_lang": "fr", "target_lang": "en", "beam_size": 2}
+    answer = client.post("/v1/translate", json=body).json()
+    assert sample(client, "nmt_batch_joined_sentences_total", model) - before == 1
+    alone = client.post("/v1/translate", json={**body, "text": text}).json()
+    assert [t["text"] for t in answer["translations"]] == [alone["translations"][0]["text"]] * 64

@@ -190,6 +190,9 @@ def test_alignment_of_any_layer_head_by_head(client: TestClient, translator: Tra
     )
     assert response.status_code == 422
     assert f"0 to {layers - 1}" in response.text
+    without_alignment = {"text": "Un homme.", "source_lang": "fr", "target_lang": "en"}
+    response = client.post("/v1/translate", json={**without_alignment, "alignment_layer": 62})
+    assert response.status_code == 422  # a layer the model lacks, even unused: never a 500
 
 
 def test_routing_by_language_pair(client: TestClient):

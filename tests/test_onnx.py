@@ -273,8 +273,8 @@ def test_every_layers_and_heads_alignment_is_the_torch_models(
                 cross = model.cross_keys_values(model.encode(source_ids, source_ids != 0))
                 _, _, attention = model.decode(
                     fed, model.empty_cache(1), cross, source_ids != 0, all_attention=True
-                )  # [1, L, H, T, S]
-            expected = attention[0, layer].transpose(0, 1).numpy()  # [T, H, S]
+                )  # per layer [1, H, T, S]
+            expected = attention[layer][0].transpose(0, 1).numpy()  # [T, H, S]
             np.testing.assert_allclose(best.head_alignment, expected, atol=1e-4)
             np.testing.assert_allclose(best.alignment, expected.mean(axis=1), atol=1e-4)
 

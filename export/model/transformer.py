@@ -176,13 +176,13 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """ids [B, T] -> scaled token embeddings plus positions [B, T, D].
 
-        ids[:, 0] is at first_position in every row, or at row_positions [B] (int64), one
-        per row: rows that joined a running batch later are at earlier positions.
+        ids[:, 0] is at first_position in every row, or, for one decoder step (T = 1), at
+        row_positions [B] (int64), one per row: rows that joined a running batch later are at
+        earlier positions.
         """
         length = ids.shape[1]
-        if row_positions is not None:
-            steps = torch.arange(length, device=ids.device)
-            positions = self.positions[row_positions[:, None] + steps[None, :]]  # [B, T, D]
+        if row_positions is not None:  # one decoder step: T = 1
+            positions = self.positions[row_positions].unsqueeze(1)  # [B, 1, D]
         else:
             positions = self.positions[first_position : first_position + length][None]
         return self.dropout(self.embed_tokens(ids) * self.embed_scale + positions)
@@ -232,7 +232,7 @@ class Transformer(nn.Module):
 
         Returns logits [B, T, V], present cache (per layer [B, H, P+T, Dh]) and the cross-
         attention weights: the last layer's averaged over heads [B, T, S] (the alignment), or
-        with all_attention every layer's and head's [B, L, H, T, S].
+        with all_attention every layer's, a list of [B, H, T, S].
         """
         past_length = past[0][0].shape[2]
         batch, length = target_ids.shape
@@ -255,7 +255,7 @@ class Transformer(nn.Module):
             layer_weights.append(cross_weights)
         logits = x @ self.embed_tokens.weight.T + self.final_logits_bias  # [B, T, V]
         if all_attention:
-            return logits, present, torch.stack(layer_weights, dim=1)  # [B, L, H, T, S]
+            return logits, present, layer_weights  # per layer [B, H, T, S]
         return logits, present, layer_weights[-1].mean(dim=1)
 
     def forward(

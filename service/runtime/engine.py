@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from nmt_contract import layer_names
+from nmt_contract import attention_output_names, layer_names
 from service.runtime.bundle import Bundle
 
 log = logging.getLogger("nmt.engine")
@@ -177,6 +177,7 @@ class Engine:
         self.cross_names = layer_names("cross", self.layers)
         self.past_names = layer_names("past", self.layers)
         self.present_names = layer_names("present", self.layers)
+        self.attention_names = attention_output_names(self.layers)
         self.encoder = _session(bundle.graph("encoder", self.options.int8), self.options)
         role = "decoder" if self.options.use_cache else "decoder_nocache"
         self.decoder = _session(bundle.graph(role, self.options.int8), self.options)
@@ -248,11 +249,14 @@ class Engine:
         feeds["past_mask"] = state.past_mask
         feeds["positions"] = state.positions
         feeds.update(zip(self.past_names, state.past, strict=True))
-        wanted = {"alignment": alignment, "attention": attention}
-        extra = [name for name, asked in wanted.items() if asked]
+        extra = (["alignment"] if alignment else []) + (self.attention_names if attention else [])
         values = self.decoder.run(outputs + extra + self.present_names, feeds)
         found = dict(zip(outputs + extra, values, strict=False))
         state.past = values[len(outputs) + len(extra) :]
+        if attention:  # [rows, L, H, S]
+            found = {name: found[name] for name in (*outputs, "alignment") if name in found} | {
+                "attention": np.stack([found[name] for name in self.attention_names], axis=1)
+            }
         # The new position is real for every row, and each row moves on by one.
         state.past_mask = np.concatenate(
             [state.past_mask, np.ones((state.rows, 1), dtype=bool)], axis=1

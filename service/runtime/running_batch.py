@@ -196,10 +196,10 @@ class RunningBatch(ABC):
         if not sentences:
             return
         for sentence in sentences:
-            if not -self.engine.layers <= sentence.options.alignment_layer < self.engine.layers:
+            layer, layers = sentence.options.alignment_layer, self.engine.layers
+            if sentence.options.alignment and not -layers <= layer < layers:
                 raise ValueError(
-                    f"alignment_layer must be between {-self.engine.layers} and "
-                    f"{self.engine.layers - 1}, got {sentence.options.alignment_layer}"
+                    f"alignment_layer must be between {-layers} and {layers - 1}, got {layer}"
                 )
             if batch_key(sentence.options) != self.beams:
                 raise ValueError(

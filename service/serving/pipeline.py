@@ -138,7 +138,7 @@ class TranslationService:
         split: SplitMode = "sentences",
     ) -> RequestResult:
         layers = model.bundle.dims["decoder_layers"]
-        if options.alignment and not -layers <= options.alignment_layer < layers:
+        if not -layers <= options.alignment_layer < layers:
             raise InvalidInput(
                 ("body", "alignment_layer"),
                 f"alignment_layer is {options.alignment_layer}; {model.name} has {layers} "
@@ -174,13 +174,20 @@ class TranslationService:
         cached = self.cache.lookup(model.name, sources, options)
         missing = [i for i, found in enumerate(cached) if found is None]
         if missing:  # only what the cache lacks goes through the queue and the engine
+            # ... and each distinct sentence once: a text repeated 64 times in one request
+            # costs the engine one sentence, whether the cache is on or not.
+            first_of: dict[tuple[int, ...], int] = {}
+            for i in missing:
+                first_of.setdefault(tuple(sources[i]), i)
+            firsts = list(first_of.values())
             fresh = await self._decode(
-                model, [sources[i] for i in missing], [owners[i] for i in missing], options,
+                model, [sources[i] for i in firsts], [owners[i] for i in firsts], options,
                 deadline, client_gone,
             )  # fmt: skip
-            self.cache.store(model.name, [sources[i] for i in missing], options, fresh)
-            for i, hypotheses in zip(missing, fresh, strict=True):
-                cached[i] = hypotheses
+            self.cache.store(model.name, [sources[i] for i in firsts], options, fresh)
+            found = dict(zip(first_of, fresh, strict=True))
+            for i in missing:
+                cached[i] = found[tuple(sources[i])]
         return cached  # type: ignore[return-value]  # every slot is filled now
 
     async def _decode(
