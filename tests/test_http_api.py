@@ -422,3 +422,23 @@ def test_while_draining_new_translations_get_503_and_readyz_says_so(model_dir: P
         assert client.get("/healthz").status_code == 200  # still alive: finishing its work
     finally:
         client.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("length_penalty", False),
+        ("beam_size", "4"),
+        ("beam_size", True),
+        ("n_best", 1.5),
+        ("max_length", "20"),
+        ("return_scores", 1),
+    ],
+)
+def test_numbers_and_booleans_must_be_json_numbers_and_booleans(client: TestClient, field, value):
+    """The schema says integer, number or boolean: false is not 0, "4" is not 4 (schemathesis
+    found `length_penalty: false` accepted)."""
+    body = {"text": "Un homme.", "source_lang": "fr", "target_lang": "en", field: value}
+    response = client.post("/v1/translate", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", field]

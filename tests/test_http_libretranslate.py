@@ -73,6 +73,14 @@ def test_urlencoded_form(client: TestClient, translator: Translator):
     assert response.json() == {"translatedText": expected(translator, ["Un chat dort."])[0]}
 
 
+@pytest.mark.parametrize("api_key", [{}, 7, ["k"]])
+def test_an_api_key_that_is_not_a_string_is_refused(client: TestClient, api_key):
+    body = {"q": "Un chat dort.", "source": "fr", "target": "en", "api_key": api_key}
+    response = client.post("/translate", json=body)
+    assert response.status_code == 400
+    assert response.json() == {"error": "Invalid request: api_key must be a string"}
+
+
 def test_multipart_form(client: TestClient, translator: Translator):
     response = client.post(
         "/translate",

@@ -254,6 +254,28 @@ def test_a_full_queue_answers_429_with_retry_after_at_once(model_dir: Path, logs
         assert refused == statuses.count(429)
 
 
+def test_connections_past_nmt_max_connections_get_503_and_the_next_ones_are_served(
+    model_dir: Path, logs: Path
+):
+    """NMT_MAX_CONNECTIONS bounds open connections (1,000 slow clients were once all held
+    open): with 3 idle connections held, a fourth client is answered 503 at once; once they
+    close, it is served."""
+    with running_server(model_dir, logs, max_connections=3) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(3)]
+        try:
+            time.sleep(0.5)  # the server has accepted them
+            refused = httpx.get(f"{server.url}/healthz", timeout=10)
+            assert refused.status_code == 503
+        finally:
+            for connection in held:
+                connection.close()
+        deadline = time.monotonic() + 10
+        while (status := httpx.get(f"{server.url}/healthz", timeout=10).status_code) != 200:
+            assert time.monotonic() < deadline, f"still {status} after the connections closed"
+            time.sleep(0.1)
+
+
 def test_a_request_past_its_deadline_gets_504_and_its_work_is_dropped(model_dir: Path, logs: Path):
     settings = {"request_timeout_seconds": 0.001, "max_batch_wait_ms": 200}
     with running_server(model_dir, logs, **settings) as server:

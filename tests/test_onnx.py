@@ -306,3 +306,26 @@ def test_decoder_steps_of_rows_that_joined_later_match_torch_alone(
 def pad_arrays(sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     ids = pad(sources, 0).numpy()
     return ids, ids != 0
+
+
+def test_a_decoder_graph_from_another_exporter_is_refused_at_load(
+    tiny_bundle: Path, tmp_path: Path
+) -> None:
+    """Same format number, a name missing (an exporter of this format's development): the
+    engine says so when it loads, not at the first request that needs the name."""
+    import onnx
+
+    from nmt_contract import sha256_of
+
+    copy = tmp_path / "stale"
+    shutil.copytree(tiny_bundle, copy)
+    graph = onnx.load(str(copy / "decoder.onnx"))
+    kept = [output for output in graph.graph.output if output.name != "attention_0"]
+    del graph.graph.output[:]
+    graph.graph.output.extend(kept)
+    onnx.save(graph, str(copy / "decoder.onnx"))
+    manifest = json.loads((copy / "bundle.json").read_text())
+    manifest["files"]["decoder.onnx"] = sha256_of(copy / "decoder.onnx")
+    (copy / "bundle.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=r"lacks attention_0.*re-export"):
+        Engine(load_bundle(copy))

@@ -226,7 +226,9 @@ async def _answer(
     try:
         fields = await _read_fields(request)
         api_key = fields.get("api_key")
-        keys.check(api_key if isinstance(api_key, str) and api_key else header_key(request))
+        if api_key is not None and not isinstance(api_key, str):
+            raise LibreError(400, "Invalid request: api_key must be a string")
+        keys.check(api_key or header_key(request))
         return await respond(fields)
     except LibreError as error:
         request.state.error = error.message

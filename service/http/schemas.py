@@ -85,26 +85,31 @@ def translate_request_model(settings: Settings) -> type[TranslateRequestBase]:
         )
         source_lang: str = Field(min_length=1, max_length=MAX_LANG_CODE, examples=["fr"])
         target_lang: str = Field(min_length=1, max_length=MAX_LANG_CODE, examples=["en"])
+        # Strict: JSON numbers only (not true, false or "4"), as the schema says.
         beam_size: int = Field(
             settings.default_beam_size,
+            strict=True,
             ge=1,
             le=settings.max_beam_size,
             description="1 = greedy (NMT_MAX_BEAM_SIZE caps it)",
         )
         max_length: int = Field(
             settings.max_output_length,
+            strict=True,
             ge=1,
             le=settings.max_output_length,
             description="most tokens per translated sentence (NMT_MAX_OUTPUT_LENGTH caps it)",
         )
         n_best: int = Field(
             1,
+            strict=True,
             ge=1,
             le=settings.max_beam_size,
             description="alternatives per text, best first; at most beam_size",
         )
         length_penalty: float = Field(
             settings.default_length_penalty,
+            strict=True,
             ge=0.0,
             le=10.0,
             description="hypotheses are ranked by log-prob / length ** length_penalty",

@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 
 from nmt_contract import attention_output_names, layer_names
-from service.runtime.bundle import Bundle
+from service.runtime.bundle import Bundle, BundleError
 
 log = logging.getLogger("nmt.engine")
 
@@ -181,6 +181,24 @@ class Engine:
         self.encoder = _session(bundle.graph("encoder", self.options.int8), self.options)
         role = "decoder" if self.options.use_cache else "decoder_nocache"
         self.decoder = _session(bundle.graph(role, self.options.int8), self.options)
+        if self.options.use_cache:
+            self._check_decoder_names(bundle)
+
+    def _check_decoder_names(self, bundle: Bundle) -> None:
+        """A graph from an older exporter under the same format number would fail at the
+        first request that needs a missing name: refuse it at load, saying what to do."""
+        inputs = {value.name for value in self.decoder.get_inputs()}
+        outputs = {value.name for value in self.decoder.get_outputs()}
+        needed_inputs = {"target_ids", "source_mask", "top_k", "past_mask", "positions"}
+        needed_inputs |= {*self.past_names, *self.cross_names}
+        needed_outputs = {"top_log_probs", "top_ids", "alignment", *self.attention_names}
+        needed_outputs |= set(self.present_names)
+        missing = sorted((needed_inputs - inputs) | (needed_outputs - outputs))
+        if missing:
+            raise BundleError(
+                f"{bundle.path}: the decoder graph lacks {', '.join(missing)}: it was exported "
+                "by another version of `nmt export`; re-export the bundle"
+            )
 
     def start(
         self, source_ids: np.ndarray, source_mask: np.ndarray, rows_per_source: int = 1
