@@ -1,6 +1,6 @@
 """Service throughput and latency: continuous vs request-level batching, side by side in one run.
 
-    nice -n 10 .venv/bin/python -m bench.service_bench
+    .venv/bin/python -m bench.service_bench
 
 Starts two `nmt serve` processes on free loopback ports, serving the same bundle (the committed
 checkpoint, exported to a temporary folder, unless --model-dir is given): NMT_BATCHING=request
@@ -158,7 +158,11 @@ async def closed_loop(
         nonlocal errors
         for text, beam in todo:
             started = time.perf_counter()
-            response = await client.post("/v1/translate", json=payload(text, beam))
+            try:
+                response = await client.post("/v1/translate", json=payload(text, beam))
+            except httpx.TransportError:  # e.g. a pooled connection the server just closed
+                errors += 1
+                continue
             latencies.append(time.perf_counter() - started)
             errors += response.status_code != 200
 
@@ -180,7 +184,11 @@ async def open_loop(
         nonlocal errors
         await asyncio.sleep(max(0.0, at - (time.perf_counter() - started)))
         sent = time.perf_counter()
-        response = await client.post("/v1/translate", json=payload(text, beam))
+        try:
+            response = await client.post("/v1/translate", json=payload(text, beam))
+        except httpx.TransportError:  # e.g. a pooled connection the server just closed
+            errors += 1
+            return
         latencies.append(time.perf_counter() - sent)
         errors += response.status_code != 200
 
@@ -256,7 +264,7 @@ def report(
     capacity: dict[str, float],
     setup: dict[str, str],
 ) -> str:
-    command = "nice -n 10 .venv/bin/python -m bench.service_bench"
+    command = ".venv/bin/python -m bench.service_bench"
     if sys.argv[1:]:
         command += " " + shlex.join(sys.argv[1:])
     head = "| load | batching | requests | req/s | p50 ms | p95 ms | p99 ms | mean occupancy |"
@@ -271,6 +279,8 @@ def report(
         f"- model: {setup['model']}; engine threads: {setup['threads']} in both servers and "
         f"in the engine alone; NMT_MAX_BATCH_SIZE={_default('max_batch_size')}, other "
         "settings at their defaults, translation cache off",
+        f"- the load generator shares the machine's cores with the servers, at niceness "
+        f"+{setup['niceness']} (it yields to them, as on a machine of its own)",
         f"- requests: one sentence each, {setup['sentences']}; latency measured by the client; "
         "mean occupancy: sentences per decoder step, from the server's counters "
         "((output tokens + sentences) / decoder steps)",
@@ -338,6 +348,12 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="engine threads (0: the server's default)"
     )
+    parser.add_argument(
+        "--client-niceness",
+        type=int,
+        default=10,
+        help="niceness added to the load generator once the servers run (0: same priority)",
+    )
     parser.add_argument("--out", type=Path, default=REPORT)
     args = parser.parse_args()
 
@@ -351,6 +367,7 @@ def main() -> None:
         "load": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
         "threads": str(threads),
         "sentences": source,
+        "niceness": str(args.client_niceness),
     }
     rng = random.Random(30)
     closed: list[Run] = []
@@ -369,6 +386,9 @@ def main() -> None:
             f"{m['name']} ({m['precision']})"
             for m in httpx.get(f"{urls[REQUEST]}/v1/models").json()["models"]
         )
+        # The load generator yields to the servers (started at our priority, and measured
+        # against the engine alone at that priority), as it would on a machine of its own.
+        os.nice(args.client_niceness)
         order = [*SERVERS, *reversed(SERVERS)]  # halves, mirrored
         for clients in (int(c) for c in args.clients.split(",")):
             count = max(args.min_requests, args.requests_per_client * clients)
