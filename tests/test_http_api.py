@@ -19,6 +19,8 @@ from service.runtime.bundle import load_bundle
 from service.runtime.engine import EngineOptions
 from service.runtime.search import SearchOptions
 from service.runtime.translator import Translator
+from service.serving.errors import ShuttingDown
+from service.serving.lifecycle import Lifecycle
 from service.serving.settings import Settings
 
 LIMITS = {
@@ -442,3 +444,16 @@ def test_numbers_and_booleans_must_be_json_numbers_and_booleans(client: TestClie
     response = client.post("/v1/translate", json=body)
     assert response.status_code == 422, response.text
     assert response.json()["detail"][0]["loc"] == ["body", field]
+
+
+def test_a_request_admitted_before_the_signal_is_finished_and_a_newcomer_is_not():
+    """SIGTERM can arrive while an admitted request is still reading its body or being
+    validated: it is finished all the same; only requests admitted after it are refused."""
+    lifecycle = Lifecycle()
+    lifecycle.mark_ready()
+    admitted = time.monotonic() - 1.0
+    lifecycle.start_draining()
+    lifecycle.check_accepting(admitted)  # admitted before: goes on
+    for newcomer in (time.monotonic() + 1.0, None):
+        with pytest.raises(ShuttingDown):
+            lifecycle.check_accepting(newcomer)

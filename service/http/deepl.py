@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from service.http import markup
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
 from service.http.libretranslate import LANGUAGE_NAMES
+from service.http.middleware import admitted_at
 from service.runtime.search import SearchOptions
 from service.serving.access import ApiKeys
 from service.serving.errors import (
@@ -198,7 +199,7 @@ async def _translate(
     documents = _read_markup(texts, tags) if tags is not None else None
     plain = [d.plain_text for d in documents] if documents is not None else texts
     source = await _source_language(service, fields.get("source_lang"), plain, target)
-    model = service.model_for(source, target)
+    model = service.model_for(source, target, admitted_at(request))
     request.state.model = model.name
     options = SearchOptions(
         beam_size=settings.default_beam_size,

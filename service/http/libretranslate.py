@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 
 from service.http import markup
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
+from service.http.middleware import admitted_at
 from service.runtime.search import SearchOptions
 from service.serving.access import ApiKeys
 from service.serving.errors import (
@@ -283,7 +284,7 @@ async def _translate(
         found = await service.detect_source(plain, target)
         source = found.language
         detected = {"confidence": found.confidence, "language": found.language}
-    model = service.model_for(source, target)
+    model = service.model_for(source, target, admitted_at(request))
     request.state.model = model.name
     options = SearchOptions(
         beam_size=max(settings.default_beam_size, alternatives + 1),

@@ -39,6 +39,11 @@ SECURITY_HEADERS = [
 ]
 
 
+def admitted_at(request: Any) -> float | None:
+    """When the middleware admitted this request (time.monotonic()), if it went through it."""
+    return getattr(request.state, "admitted_at", None)
+
+
 def request_id_from(scope: Scope) -> str:
     """The client's X-Request-ID when it is a sane token, else a fresh one."""
     for name, value in scope.get("headers", []):
@@ -96,6 +101,8 @@ class RequestContextMiddleware:
 
         admitted = scope.get("path") in NEVER_REFUSED or self.in_flight < self.max_in_flight
         self.in_flight += admitted
+        # When: a request admitted before SIGTERM is finished (see Lifecycle.check_accepting).
+        scope.setdefault("state", {})["admitted_at"] = time.monotonic()
         self.metrics.requests_in_progress.inc()
         try:
             if not admitted:

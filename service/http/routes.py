@@ -15,6 +15,7 @@ from service.http.dependencies import (
     require_api_key,
     require_api_key_for_metrics,
 )
+from service.http.middleware import admitted_at
 from service.http.schemas import (
     ModelInfo,
     ModelsResponse,
@@ -66,7 +67,7 @@ def build_router(settings: Settings) -> APIRouter:
         request: Request,
         service: ServiceDep,
     ) -> TranslateResponse:
-        model = service.model_for(body.source_lang, body.target_lang)
+        model = service.model_for(body.source_lang, body.target_lang, admitted_at(request))
         request.state.model = model.name
         options = body.search_options(settings.max_repeats)
         result = await service.translate(

@@ -12,6 +12,7 @@ being cut off by the server with no answer.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Literal
 
@@ -27,6 +28,7 @@ class Lifecycle:
         self.grace = grace
         self.grace_over = asyncio.Event()  # bound to the serving loop on first use
         self.abandoned = 0  # admitted requests answered 503 when the grace ran out
+        self.draining_since: float | None = None  # time.monotonic() of the signal
         self._on_failed = on_failed
 
     def mark_ready(self) -> None:
@@ -43,6 +45,7 @@ class Lifecycle:
         if self.phase in ("failed", "draining"):
             return
         self.phase, self.reason = "draining", "shutting down: finishing admitted requests"
+        self.draining_since = time.monotonic()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a test, or the loop already gone): nothing waits
@@ -58,9 +61,14 @@ class Lifecycle:
     def ready(self) -> bool:
         return self.phase == "ready"
 
-    def check_accepting(self) -> None:
-        """Raise unless new translation work may be admitted."""
+    def check_accepting(self, admitted_at: float | None = None) -> None:
+        """Raise unless new translation work may be admitted. A request the server admitted
+        (time.monotonic() `admitted_at`) before the signal is finished, even if its handler
+        only gets here after it: draining refuses newcomers, not what it promised to finish."""
         if self.phase == "draining":
+            assert self.draining_since is not None
+            if admitted_at is not None and admitted_at < self.draining_since:
+                return
             raise ShuttingDown(self.reason)
         if self.phase != "ready":
             raise NotReady(

@@ -97,8 +97,12 @@ class TranslationService:
         self.detector = LanguageDetector()
         self.characters_translated = 0  # source characters of answered requests, since start
 
-    def model_for(self, source_lang: str, target_lang: str) -> LoadedModel:
-        self.lifecycle.check_accepting()
+    def model_for(
+        self, source_lang: str, target_lang: str, admitted_at: float | None = None
+    ) -> LoadedModel:
+        """The model of a pair, for a request admitted at `admitted_at` (time.monotonic()):
+        refused while loading, and while draining unless admitted before the signal."""
+        self.lifecycle.check_accepting(admitted_at)
         return self.registry.get(source_lang, target_lang)
 
     def sources_for(self, target_lang: str) -> list[str]:
