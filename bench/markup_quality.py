@@ -4,7 +4,7 @@
 
 The cases are tests/data/markup/cases.jsonl: caption-like French sentences with inline tags,
 each with the English markup a careful human translator would write. Every case goes through
-the service's markup path (the LibreTranslate `format=html` route's, service/http/markup.py)
+the service's markup path (the LibreTranslate `format=html` route's, service/http/markup/)
 once; the same translations are then written a second time with the alignment withheld, so
 that every tag falls back to its relative position in the sentence: what the cross-attention
 buys over that baseline.

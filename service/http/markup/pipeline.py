@@ -1,0 +1,130 @@
+"""Through the pipeline: the sentences the model reads, one pipeline request for them all,
+and the documents written with the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+from service.http.markup.layout import Document
+from service.http.markup.target import SentenceTranslation, assemble
+from service.http.markup.tree import LINE_BREAKS
+from service.http.markup.writing import render, render_run
+from service.runtime.search import SearchOptions
+from service.serving.errors import InvalidInput, TranslationFailed
+from service.serving.input_text import has_letters
+from service.serving.pipeline import (
+    PREPARE_INLINE_CHARS,
+    RequestResult,
+    SentenceAlignment,
+    TranslationService,
+)
+from service.serving.registry import LoadedModel
+from service.serving.word_alignment import WordAlignment
+
+
+@dataclass
+class MarkupResult:
+    texts: list[str]
+    sentences: int
+    input_tokens: int
+    output_tokens: int
+
+
+async def translate(
+    service: TranslationService,
+    model: LoadedModel,
+    documents: list[Document],
+    options: SearchOptions,
+    client_gone: Callable[[], Awaitable[object]] | None = None,
+) -> MarkupResult:
+    """Every sentence of every document in one pipeline request, with alignment on; then each
+    run written with its tags placed."""
+    sources, owners = model_sentences(documents)
+    if not sources:  # nothing but markup, numbers and symbols: the documents as they came
+        return MarkupResult(write(documents, []), 0, 0, 0)
+    options = replace(options, alignment=True, n_best=1)
+    result = await _translate_sentences(service, model, sources, owners, options, client_gone)
+    found = from_pipeline(result)
+    if sum(map(len, sources)) > PREPARE_INLINE_CHARS:  # keep the event loop free
+        texts = await asyncio.to_thread(write, documents, found)
+    else:
+        texts = write(documents, found)
+    return MarkupResult(texts, result.sentences, result.input_tokens, result.output_tokens)
+
+
+def model_sentences(documents: list[Document]) -> tuple[list[str], list[int]]:
+    """What the model reads: each sentence that has letters, on one line; and the index of the
+    document it belongs to."""
+    sources, owners = [], []
+    for owner, document in enumerate(documents):
+        for run in document.runs:
+            if not run.needs_model:  # written as it came
+                continue
+            for start, end in run.sentences:
+                if has_letters(sentence := run.text[start:end]):
+                    sources.append(sentence.translate(LINE_BREAKS))
+                    owners.append(owner)
+    return sources, owners
+
+
+def write(documents: list[Document], translations: list[SentenceTranslation]) -> list[str]:
+    """The documents written with the translations of their model_sentences(), in order."""
+    found = iter(translations)
+    for document in documents:
+        for run in document.runs:
+            if not run.needs_model:
+                continue
+            sentences = [
+                next(found) if has_letters(sentence) else SentenceTranslation(sentence, None)
+                for sentence in (run.text[start:end] for start, end in run.sentences)
+            ]  # a sentence without letters comes back as it was, as the pipeline does
+            run.translated = render_run(run, assemble(run, sentences))
+    return [render(document) for document in documents]
+
+
+def from_pipeline(result: RequestResult) -> list[SentenceTranslation]:
+    """The pipeline's answer to model_sentences() (one text per sentence), as write() takes it."""
+    return [
+        SentenceTranslation(_model_text(item.text), _word_view(item.alignment))
+        for item in result.texts
+    ]
+
+
+def _word_view(alignment: list[SentenceAlignment]) -> WordAlignment | None:
+    return alignment[0].words if alignment else None
+
+
+def _model_text(text: str) -> str:
+    """The model learned English with "&" written "&amp;" (Multi30k's references): read as
+    text, the markup gets "&amp;" again when written, not "&amp;amp;"."""
+    return html.unescape(text) if "&" in text else text
+
+
+async def _translate_sentences(
+    service: TranslationService,
+    model: LoadedModel,
+    sources: list[str],
+    owners: list[int],
+    options: SearchOptions,
+    client_gone: Callable[[], Awaitable[object]] | None,
+) -> RequestResult:
+    """The pipeline sees one text per sentence; its errors name the client's text instead."""
+    try:
+        return await service.translate(model, sources, options, client_gone, split="none")
+    except InvalidInput as error:
+        index = error.location[-1]
+        if error.kind != "too_many_tokens" or not isinstance(index, int):
+            raise
+        owner = owners[index]
+        raise InvalidInput(
+            ("body", "text", owner),
+            f"text[{owner}] holds a sentence longer than {model.max_tokens_per_sentence} "
+            "tokens (NMT_MAX_TOKENS_PER_SENTENCE): split it into shorter sentences",
+            error.kind,
+        ) from error
+    except TranslationFailed as error:
+        reason = str(error).partition(": ")[2]
+        raise TranslationFailed(owners[error.text_index], reason) from error
