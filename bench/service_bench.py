@@ -144,6 +144,20 @@ def payload(text: str, beam: int) -> dict:
     return {"text": text, "source_lang": "fr", "target_lang": "en", "beam_size": beam}
 
 
+async def translate_once(
+    client: httpx.AsyncClient, text: str, beam: int, latencies: list[float]
+) -> bool:
+    """One request; its latency goes to `latencies` if it was answered. True for a 200
+    (False for another status, or a pooled connection the server just closed)."""
+    started = time.perf_counter()
+    try:
+        response = await client.post("/v1/translate", json=payload(text, beam))
+    except httpx.TransportError:
+        return False
+    latencies.append(time.perf_counter() - started)
+    return response.status_code == 200
+
+
 async def closed_loop(
     url: str, work: list[tuple[str, int]], clients: int
 ) -> tuple[list[float], int, float]:
@@ -157,14 +171,7 @@ async def closed_loop(
     async def client_loop(client: httpx.AsyncClient) -> None:
         nonlocal errors
         for text, beam in todo:
-            started = time.perf_counter()
-            try:
-                response = await client.post("/v1/translate", json=payload(text, beam))
-            except httpx.TransportError:  # e.g. a pooled connection the server just closed
-                errors += 1
-                continue
-            latencies.append(time.perf_counter() - started)
-            errors += response.status_code != 200
+            errors += not await translate_once(client, text, beam, latencies)
 
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
         started = time.perf_counter()
@@ -183,14 +190,7 @@ async def open_loop(
     async def send(client: httpx.AsyncClient, at: float, text: str, beam: int) -> None:
         nonlocal errors
         await asyncio.sleep(max(0.0, at - (time.perf_counter() - started)))
-        sent = time.perf_counter()
-        try:
-            response = await client.post("/v1/translate", json=payload(text, beam))
-        except httpx.TransportError:  # e.g. a pooled connection the server just closed
-            errors += 1
-            return
-        latencies.append(time.perf_counter() - sent)
-        errors += response.status_code != 200
+        errors += not await translate_once(client, text, beam, latencies)
 
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
         started = time.perf_counter()
