@@ -113,6 +113,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         int8=args.int8,
         serving_only=args.serving_only,
         description=args.description,
+        decoder=args.decoder,
     )
     print(json.dumps({"out": str(args.out), "files": sorted(manifest["files"])}))
     return 0
@@ -265,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--description",
         help="what the model was trained on and is for, shown by /v1/models and the web page "
         "(default: the checkpoint's description.txt)",
+    )
+    export.add_argument(
+        "--decoder",
+        choices=("fused", "traced"),
+        default="fused",
+        help="how the decoder step graph is made: from ONNX Runtime's fused attention "
+        "(default, faster) or traced from the torch model; same inputs, outputs and results",
     )
 
     translate = subparsers.add_parser(

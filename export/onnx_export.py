@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from export.checkpoint import load_model_dir, read_description
+from export.fused_step import fused_decoder_step
 from export.model.transformer import Transformer
 from nmt_contract import BUNDLE_FORMAT, attention_output_names, layer_names, sha256_of
 
@@ -181,10 +182,58 @@ def _export(module: nn.Module, args: tuple, path: Path, names: dict, dynamic: di
     onnx.checker.check_model(str(path), full_check=True)
 
 
-def export_graphs(model: Transformer, out_dir: Path, nocache: bool = True) -> list[str]:
+DECODER_GRAPHS = ("fused", "traced")
+
+
+def export_graphs(
+    model: Transformer, out_dir: Path, nocache: bool = True, decoder: str = "fused"
+) -> list[str]:
     """Write the fp32 graphs; returns their file names. `nocache`: also the no-cache decoder,
-    which only benchmarks use (what the KV cache buys)."""
+    which only benchmarks use (what the KV cache buys). `decoder`: how the step graph is made,
+    "fused" (export/fused_step.py: ONNX Runtime's fused attention, a third of the nodes) or
+    "traced" (torch.onnx.export of `Transformer.decode`); both have the same inputs and
+    outputs, and tests hold both to the torch model."""
+    if decoder not in DECODER_GRAPHS:
+        raise ValueError(f"decoder must be one of {DECODER_GRAPHS}, got {decoder!r}")
     model.eval()
+    x = _example_inputs(model)
+    cross_names = layer_names("cross", model.config.decoder_layers)
+    by_source = {0: "sources", 1: "source"}  # [B/K, S]
+    cross = {0: "sources", 2: "source"}  # [B/K, H, S, Dh]
+    top = {0: "batch", 1: "k"}
+    with torch.no_grad():
+        _export(
+            EncoderGraph(model),
+            (x["source_ids"], x["source_mask"]),
+            out_dir / "encoder.onnx",
+            {"inputs": ["source_ids", "source_mask"], "outputs": cross_names},
+            {"source_ids": by_source, "source_mask": by_source} | dict.fromkeys(cross_names, cross),
+        )
+        if decoder == "fused":
+            step = fused_decoder_step(model)
+            onnx.checker.check_model(step)  # no full check: ONNX has no schemas for contrib ops
+            onnx.save(step, str(out_dir / "decoder.onnx"))
+        else:
+            _export_traced_step(model, out_dir)
+        if not nocache:
+            return ["encoder.onnx", "decoder.onnx"]
+        _export(
+            DecoderNoCacheGraph(model),
+            (x["target_prefix"], x["source_mask"], x["top_k"], *x["cross"]),
+            out_dir / "decoder_nocache.onnx",
+            {
+                "inputs": ["target_ids", "source_mask", "top_k", *cross_names],
+                "outputs": ["top_log_probs", "top_ids"],
+            },
+            {"target_ids": {0: "batch", 1: "target"}, "source_mask": by_source}
+            | {"top_log_probs": top, "top_ids": top}
+            | dict.fromkeys(cross_names, cross),
+        )
+    return ["encoder.onnx", "decoder.onnx", "decoder_nocache.onnx"]
+
+
+def _export_traced_step(model: Transformer, out_dir: Path) -> None:
+    """decoder.onnx from torch.onnx.export of DecoderStepGraph."""
     x = _example_inputs(model)
     layers = model.config.decoder_layers
     cross_names = layer_names("cross", layers)
@@ -197,68 +246,45 @@ def export_graphs(model: Transformer, out_dir: Path, nocache: bool = True) -> li
     weights = {0: "batch", 2: "source"}  # [B, H, S]
     top = {0: "batch", 1: "k"}
     head = {"top_log_probs": top, "top_ids": top}
-    with torch.no_grad():
-        _export(
-            EncoderGraph(model),
-            (x["source_ids"], x["source_mask"]),
-            out_dir / "encoder.onnx",
-            {"inputs": ["source_ids", "source_mask"], "outputs": cross_names},
-            {"source_ids": by_source, "source_mask": by_source} | dict.fromkeys(cross_names, cross),
-        )
-        _export(
-            DecoderStepGraph(model),
-            (
-                x["target_step"],
-                x["source_mask"],
-                x["top_k"],
-                x["past_mask"],
-                x["positions"],
-                *x["past"],
-                *x["cross"],
-            ),
-            out_dir / "decoder.onnx",
-            {
-                "inputs": [
-                    "target_ids",
-                    "source_mask",
-                    "top_k",
-                    "past_mask",
-                    "positions",
-                    *past_names,
-                    *cross_names,
-                ],
-                "outputs": [
-                    "top_log_probs",
-                    "top_ids",
-                    "alignment",
-                    *attention_names,
-                    *present_names,
-                ],
-            },
-            {"target_ids": {0: "batch"}, "source_mask": by_source}
-            | {"past_mask": {0: "batch", 1: "past"}, "positions": {0: "batch"}}
-            | {"alignment": {0: "batch", 1: "source"}}
-            | dict.fromkeys(attention_names, weights)
-            | head
-            | dict.fromkeys(past_names, past)
-            | dict.fromkeys(cross_names, cross)
-            | dict.fromkeys(present_names, present),
-        )
-        if not nocache:
-            return ["encoder.onnx", "decoder.onnx"]
-        _export(
-            DecoderNoCacheGraph(model),
-            (x["target_prefix"], x["source_mask"], x["top_k"], *x["cross"]),
-            out_dir / "decoder_nocache.onnx",
-            {
-                "inputs": ["target_ids", "source_mask", "top_k", *cross_names],
-                "outputs": ["top_log_probs", "top_ids"],
-            },
-            {"target_ids": {0: "batch", 1: "target"}, "source_mask": by_source}
-            | head
-            | dict.fromkeys(cross_names, cross),
-        )
-    return ["encoder.onnx", "decoder.onnx", "decoder_nocache.onnx"]
+    _export(
+        DecoderStepGraph(model),
+        (
+            x["target_step"],
+            x["source_mask"],
+            x["top_k"],
+            x["past_mask"],
+            x["positions"],
+            *x["past"],
+            *x["cross"],
+        ),
+        out_dir / "decoder.onnx",
+        {
+            "inputs": [
+                "target_ids",
+                "source_mask",
+                "top_k",
+                "past_mask",
+                "positions",
+                *past_names,
+                *cross_names,
+            ],
+            "outputs": [
+                "top_log_probs",
+                "top_ids",
+                "alignment",
+                *attention_names,
+                *present_names,
+            ],
+        },
+        {"target_ids": {0: "batch"}, "source_mask": by_source}
+        | {"past_mask": {0: "batch", 1: "past"}, "positions": {0: "batch"}}
+        | {"alignment": {0: "batch", 1: "source"}}
+        | dict.fromkeys(attention_names, weights)
+        | head
+        | dict.fromkeys(past_names, past)
+        | dict.fromkeys(cross_names, cross)
+        | dict.fromkeys(present_names, present),
+    )
 
 
 def quantize_graph(fp32_path: Path) -> Path:
@@ -276,6 +302,9 @@ def quantize_graph(fp32_path: Path) -> Path:
             weight_type=QuantType.QInt8,
             op_types_to_quantize=["MatMul", "Gemm"],
             per_channel=False,
+            # The fused decoder's contrib operators have no shape inference: their outputs'
+            # type is unknown to the quantizer, and it is float.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     finally:
         root.setLevel(level)
@@ -288,18 +317,19 @@ def export_bundle(
     int8: bool = False,
     serving_only: bool = False,
     description: str | None = None,
+    decoder: str = "fused",
 ) -> dict:
     """Export a model directory to a bundle at out_dir (replaced atomically).
     `serving_only` leaves out the benchmark-only no-cache decoder (a smaller image).
     `description` (what the model was trained on, what it is for): by default the model
-    directory's description.txt."""
+    directory's description.txt. `decoder`: how the step graph is made (see export_graphs)."""
     model, tokenizer = load_model_dir(checkpoint)
     config = model.config
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
-        files = export_graphs(model, staging, nocache=not serving_only)
+        files = export_graphs(model, staging, nocache=not serving_only, decoder=decoder)
         if int8:
             files += [quantize_graph(staging / name).name for name in files]
         # Every tokenizer file under its own name, recorded by role ("source", "target", ...).
@@ -339,6 +369,7 @@ def export_bundle(
             "int8": int8,
             "export": {
                 "opset": OPSET,
+                "decoder": decoder,
                 "torch": torch.__version__,
                 "onnx": onnx.__version__,
                 "checkpoint": str(checkpoint),

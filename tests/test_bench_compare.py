@@ -55,8 +55,51 @@ def test_report_and_chart_show_every_engine_and_search() -> None:
     setup |= {"repeat": 1, "cpu": "cpu", "versions": {}, "checkpoint": "models/fr-en"}
     markdown = speed_markdown(rows, setup, "nmt bench", "compare.svg")
     assert "| ours fp32 | 1000 (1.00x) | 1000 (1.00x) | 1000 (1.00x) | 1000 (1.00x) |" in markdown
-    assert "| transformers fp32 | 143 (0.14x) |" in markdown
-    assert "**met** (500 vs 167 tokens/s, 3.00x)" in markdown
+    assert "| transformers fp32 | 125 (0.12x) |" in markdown
+    # Issue 14's targets: ours int8 500 tokens/s, CTranslate2 int8 167 and 143, transformers 125.
+    every_cell = (
+        "greedy, batch 1 {0}, greedy, batch 32 {0}, beam 4, batch 1 {0}, beam 4, batch 32 {0}"
+    )
+    assert (
+        f"1.5x ctranslate2 int8 in every cell: **met** ({every_cell.format('3.00x')})" in markdown
+    )
+    assert f"patience 1 in every cell: **met** ({every_cell.format('3.50x')})" in markdown
+    assert "6x transformers generate (beam 4, batch 32): **not met** (4.0x)" in markdown
     chart = ET.fromstring(svg_chart(rows, "Tokens/s <same weights>"))
     bars = chart.findall("{http://www.w3.org/2000/svg}rect")
     assert len(bars) == len(ENGINES) * len(SEARCHES)
+
+
+def test_a_turn_taking_worker_times_every_pass_but_the_warm_up(monkeypatch) -> None:
+    """The worker of spawn_interleaved: one pass per command, the first of each run untimed."""
+    import json
+
+    from bench.compare import worker
+
+    calls = []
+
+    class CountingRunner:
+        def __init__(self, job: dict) -> None:
+            pass
+
+        def translate(self, sources, beam, limit):
+            calls.append((len(sources), beam, limit))
+            return [list(reversed(s)) for s in sources]
+
+    monkeypatch.setitem(worker.RUNNERS, "counting", CountingRunner)
+    runs = [
+        {"beam": 1, "batch": 2, "repeat": 2, "exact_limits": False},
+        {"beam": 4, "batch": 3, "repeat": 2, "exact_limits": False},
+    ]
+    job = {"name": "counting", "spec": {"engine": "counting"}, "runs": runs}
+    job |= {"sources": [[5, 6], [7], [8, 9, 10]], "limits": [4, 3, 5]}
+    commands = [json.dumps({"run": i}) for i in (0, 0, 0, 1, 1, 1)] + ['{"finish": true}']
+    answers = []
+    result = worker.run_turns(job, iter(commands), answers.append)
+    assert answers == ["loaded"] + ["done"] * 6
+    # batch 2 over 3 sentences is two calls a pass, batch 3 one call: 3 passes of each run
+    assert calls == [(2, 1, 4), (1, 1, 5)] * 3 + [(3, 4, 5)] * 3
+    for run in result["runs"]:
+        assert len(run["seconds"]) == 2  # the warm-up pass is not among them
+        assert run["outputs"] == [[6, 5], [7], [10, 9, 8]]
+        assert run["tokens"] == 2 + 1 + 3 + 3  # every sentence's tokens and its </s>

@@ -15,7 +15,7 @@ from bench.compare.prepare import by_length, id_maps, load_sources, pad_norm, pr
 from bench.compare.profiling import profile_markdown
 from bench.compare.report import label, speed_markdown, speed_rows, versions
 from bench.compare.runners import ENGINES, REFERENCE, SEARCHES
-from bench.compare.worker import make_job, run_worker, spawn
+from bench.compare.worker import make_job, run_turns, run_worker, spawn, spawn_interleaved
 from bench.report import BENCHMARKS, replace_section
 
 
@@ -115,10 +115,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         {"beam": beam, "batch": batch, "repeat": args.repeat, "exact_limits": False}
         for beam, batch in SEARCHES
     ]
-    results = {}
-    for name in names:
-        print(f"{name}:", flush=True)
-        results[name] = spawn(job(name, runs), work)
+    print(f"{', '.join(names)}: loaded at once, one timed pass each in turn", flush=True)
+    results = spawn_interleaved([job(name, runs) for name in names], work)
     rows = speed_rows(results)
     profile = None
     if args.profile:
@@ -157,6 +155,21 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:  # one engine's process, started by worker.spawn
         job_path, result_path = Path(argv[1]), Path(argv[2])
         result = run_worker(json.loads(job_path.read_text()))
+        result_path.write_text(json.dumps(result))
+        return 0
+    if argv[:1] == ["--turns"]:  # one engine's process, driven by worker.spawn_interleaved
+        job_path, result_path = Path(argv[1]), Path(argv[2])
+        # Answers go to the parent over the original stdout; anything an engine prints (from
+        # Python or from C) goes to stderr instead, so that it cannot garble them.
+        answers = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+
+        def answer(word: str) -> None:
+            answers.write(word + "\n")
+            answers.flush()
+
+        result = run_turns(json.loads(job_path.read_text()), sys.stdin, answer)
         result_path.write_text(json.dumps(result))
         return 0
     from bench.compare import __doc__ as description

@@ -17,7 +17,12 @@ def install_profiler(prefix: str) -> None:
         settings = engine.session_options(options)
         settings.enable_profiling = True
         settings.profile_file_prefix = f"{prefix}-{Path(path).stem}"
-        return ort.InferenceSession(str(path), settings, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(
+            str(path),
+            settings,
+            providers=["CPUExecutionProvider"],
+            disabled_optimizers=engine.DISABLED_OPTIMIZERS,
+        )
 
     engine._session = profiling_session
 

@@ -2,6 +2,12 @@
 
 A fresh interpreter per engine keeps each one's peak memory its own and stops one engine
 warming the caches of the next. `spawn` runs in the parent; `run_worker` in the child.
+
+`spawn_interleaved` times several engines side by side: every engine's process is loaded at
+once and waits, and the parent has them take turns, one timed pass each, configuration by
+configuration and repeat by repeat. Only one process works at a time, and a slow spell of the
+machine (this one's speed drifts by 20% over a minute) falls on every engine's pass of that
+round instead of on whichever engine happened to run then.
 """
 
 from __future__ import annotations
@@ -62,6 +68,60 @@ def spawn(job: dict, work: Path) -> dict:
     return json.loads(result_path.read_text())
 
 
+def spawn_interleaved(jobs: list[dict], work: Path) -> dict[str, dict]:
+    """Run the jobs' engines in turns (see the module docstring); returns results by name,
+    the same as `spawn` gives for each. All jobs must have the same runs."""
+    environment = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
+    workers = {}
+    for job in jobs:
+        slug = job["name"].replace(" ", "-")
+        job_path, result_path = work / f"job-{slug}.json", work / f"result-{slug}.json"
+        job_path.write_text(json.dumps(job))
+        result_path.unlink(missing_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "bench.compare",
+            "--turns",
+            str(job_path),
+            str(result_path),
+        ]
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=environment,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        workers[job["name"]] = (process, result_path)
+        _answer(process, job["name"])  # loaded: one at a time, so loads do not overlap either
+    runs = jobs[0]["runs"]
+    for index, run in enumerate(runs):
+        for _ in range(run["repeat"] + 1):  # the first pass of each engine warms it up
+            for name, (process, _) in workers.items():
+                process.stdin.write(json.dumps({"run": index}) + "\n")
+                process.stdin.flush()
+                _answer(process, name)
+        for name in workers:
+            print(f"  {name}: beam {run['beam']} batch {run['batch']} done", flush=True)
+    results = {}
+    for name, (process, result_path) in workers.items():
+        process.stdin.write(json.dumps({"finish": True}) + "\n")
+        process.stdin.close()
+        if process.wait() != 0:
+            raise RuntimeError(f"the {name} worker failed")
+        results[name] = json.loads(result_path.read_text())
+    return results
+
+
+def _answer(process: subprocess.Popen, name: str) -> None:
+    """Wait for the worker's line saying it did what it was told."""
+    line = process.stdout.readline()
+    if not line:
+        raise RuntimeError(f"the {name} worker stopped (exit status {process.wait()})")
+
+
 def _status_mib(field: str) -> float | None:
     """A memory field of /proc/self/status (Linux), in MiB."""
     try:
@@ -103,11 +163,17 @@ def _calls(limits: list[int], batch: int, one_limit_per_call: bool) -> list[Call
 
 
 def _timed(
-    runner: Runner, sources: list[list[int]], calls: list[Call], beam: int, repeat: int
+    runner: Runner,
+    sources: list[list[int]],
+    calls: list[Call],
+    beam: int,
+    repeat: int,
+    warm_up: bool = True,
 ) -> tuple[list[float], list[list[int]]]:
     """A warm-up call, then `repeat` timed passes over every call: (seconds, outputs)."""
-    group, limit = calls[0]
-    runner.translate([sources[i] for i in group], beam, limit)
+    if warm_up:
+        group, limit = calls[0]
+        runner.translate([sources[i] for i in group], beam, limit)
     seconds, outputs = [], [[] for _ in sources]
     for _ in range(repeat):
         begin = time.perf_counter()
@@ -117,6 +183,54 @@ def _timed(
                 outputs[i] = tokens
         seconds.append(time.perf_counter() - begin)
     return seconds, outputs
+
+
+def run_turns(job: dict, commands, answer) -> dict:
+    """The worker of `spawn_interleaved`: load the engine, then do one pass of a run per
+    command ({"run": i}; the first pass of each run is its warm-up) until {"finish": true}."""
+    started = time.perf_counter()
+    runner = RUNNERS[job["spec"]["engine"]](job)
+    load_seconds = time.perf_counter() - started
+    rss_loaded = _status_mib("VmRSS")
+    answer("loaded")
+    sources, limits = job["sources"], job["limits"]
+    ours = job["spec"]["engine"] == "ours"
+    passes: dict[int, list[float]] = {}
+    outputs: dict[int, list[list[int]]] = {}
+    for line in commands:
+        command = json.loads(line)
+        if command.get("finish"):
+            break
+        index = command["run"]
+        run = job["runs"][index]
+        calls = _calls(limits, run["batch"], run["exact_limits"] and not ours)
+        seconds, found = _timed(runner, sources, calls, run["beam"], 1, warm_up=False)
+        if index in outputs:  # the first pass was the warm-up
+            passes.setdefault(index, []).extend(seconds)
+        outputs[index] = found
+        answer("done")
+    results = []
+    for index, run in enumerate(job["runs"]):
+        seconds = passes.get(index, [])
+        tokens = sum(len(t) + 1 for t in outputs.get(index, []))  # + </s>
+        median = statistics.median(seconds) if seconds else float("nan")
+        results.append(
+            {
+                **run,
+                "seconds": seconds,
+                "median": median,
+                "tokens": tokens,
+                "outputs": outputs.get(index, []),
+            }
+        )
+    return {
+        "name": job["name"],
+        "profile": None,
+        "load_seconds": load_seconds,
+        "rss_loaded_mib": rss_loaded,
+        "peak_rss_mib": _peak_rss_mib(),
+        "runs": results,
+    }
 
 
 def run_worker(job: dict) -> dict:

@@ -5,8 +5,9 @@ docs/performance.md):
 * at batch 1, per-step overhead dominates: the session call itself, feeding inputs and
   converting outputs. We ask only for the outputs we need (no alignment unless asked).
 * at batch 32+ (and in beam search), the decoder's matmuls and the output projection
-  [rows, D] x [D, V] dominate; the self-attention cache grows by one Concat per layer inside
-  the graph, and beam search reorders it with one gather per layer and step.
+  [rows, D] x [D, V] dominate; the self-attention cache grows by one position per layer inside
+  the graph (MultiHeadAttention writes present = past + new), and beam search reorders it
+  with one gather per layer and step.
 
 Keys and values are numpy arrays, one per layer: ONNX Runtime reads numpy inputs in place (no
 copy on the CPU) and hands outputs back as arrays over its own buffers, so the step loop copies
@@ -51,9 +52,20 @@ def session_options(options: EngineOptions) -> ort.SessionOptions:
     return settings
 
 
+# ONNX Runtime's graph fusions we turn off: its SkipLayerNormalization (Add + LayerNorm in one
+# node) was measured 3x slower on the CPU than the nodes it replaces at 128 rows (240 vs 73 us;
+# 11.6 vs 14.3 us at one row), docs/performance.md.
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+
+
 def _session(path, options: EngineOptions) -> ort.InferenceSession:
     settings = session_options(options)
-    return ort.InferenceSession(str(path), settings, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        str(path),
+        settings,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=DISABLED_OPTIMIZERS,
+    )
 
 
 @dataclass

@@ -1,0 +1,294 @@
+"""The decoder step graph built node by node from ONNX Runtime's fused CPU operators.
+
+`torch.onnx.export` of `Transformer.decode` writes every reshape, transpose and mask of the
+textbook model as its own node: about 230 nodes a step after ONNX Runtime's optimizations,
+each costing a kernel launch, at batch 1 a good share of a step (docs/performance.md). This
+module writes the same step with the operators ONNX Runtime ships fused for transformers
+(`com.microsoft` domain), from the same weights:
+
+* `MultiHeadAttention` does a whole attention in one node: splits heads, appends the new key
+  and value to the past ones (`present = concat(past, new)`), scores, masks, softmax, mixes the
+  values and merges heads. Its `qk` output (scaled, masked scores) gives the cross-attention
+  weights through one Softmax.
+* one matmul projects the queries, keys and values of self-attention together ([D, 3D]
+  weights): one pass over the input instead of three (and, in int8, one quantization of it);
+  the three biases go into MultiHeadAttention's `bias` input.
+* not `SkipLayerNormalization` (the residual, a bias and the post-norm in one node): its CPU
+  kernel is slower than the three nodes it replaces once a batch has more than a few rows.
+
+Inputs and outputs are exactly those of `onnx_export.DecoderStepGraph` (names, shapes,
+meaning), so the engine cannot tell the two apart; tests hold this graph to the torch model.
+
+Shapes: B rows, K rows per source (beams), S source length, P past length, D model width,
+H heads, Dh = D / H, V vocabulary, L layers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from export.model.transformer import DecoderLayer, Transformer
+from nmt_contract import attention_output_names, layer_names
+
+MS = "com.microsoft"  # ONNX Runtime's contrib operators
+
+
+class _Graph:
+    """Nodes and initializers, with fresh names."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+
+    def constant(self, name: str, value: np.ndarray | torch.Tensor) -> str:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], outputs: list[str], **attributes) -> list[str]:
+        domain = attributes.pop("domain", "")
+        name = f"{op}_{len(self.nodes)}"
+        self.nodes.append(helper.make_node(op, inputs, outputs, name, domain=domain, **attributes))
+        return outputs
+
+    def one(self, op: str, inputs: list[str], output: str, **attributes) -> str:
+        return self.node(op, inputs, [output], **attributes)[0]
+
+
+def _weight(linear: torch.nn.Linear) -> np.ndarray:
+    """torch's [out, in] -> MatMul's [in, out]"""
+    return linear.weight.detach().T.numpy()
+
+
+def _layer(
+    g: _Graph, i: int, layer: DecoderLayer, x: str, masks: dict[str, str], shapes: dict[str, str]
+) -> str:
+    """One decoder layer over one new position per row: x [B, 1, D] -> [B, 1, D]."""
+    p = f"layer{i}"
+    heads = layer.self_attn.n_heads
+
+    # Self-attention. The new position's query, key and value in one matmul: [B, 1, 3D].
+    attn = layer.self_attn
+    qkv_weight = np.concatenate(
+        [_weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj)], 1
+    )
+    qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+    qkv = g.one("MatMul", [x, g.constant(f"{p}.self.qkv.weight", qkv_weight)], f"{p}.self.qkv")
+    q, k, v = g.node(
+        "Split", [qkv], [f"{p}.self.q", f"{p}.self.k", f"{p}.self.v"], axis=2, num_outputs=3
+    )
+    # The past keys/values [B, H, P, Dh] come in, the present ones [B, H, P+1, Dh] go out;
+    # key_padding_mask [B, P+1] hides the padding in front of rows that joined later.
+    mixed = g.node(
+        "MultiHeadAttention",
+        [
+            q,
+            k,
+            v,
+            g.constant(f"{p}.self.qkv.bias", qkv_bias),
+            masks["self"],
+            "",
+            f"past_keys_{i}",
+            f"past_values_{i}",
+        ],
+        [f"{p}.self.mixed", f"present_keys_{i}", f"present_values_{i}"],
+        domain=MS,
+        num_heads=heads,
+    )[0]  # [B, 1, D]
+    out = g.one(
+        "MatMul",
+        [mixed, g.constant(f"{p}.self.out.weight", _weight(attn.out_proj))],
+        f"{p}.self.out",
+    )
+    x = _add_and_norm(g, out, attn.out_proj.bias, x, layer.self_attn_layer_norm, f"{p}.self")
+
+    # Cross-attention: queries from the target, keys/values of the source from encoder.onnx.
+    # The K rows of a source are K queries against its one copy: [B, 1, D] -> [B/K, K, D].
+    attn = layer.cross_attn
+    q = g.one(
+        "MatMul",
+        [x, g.constant(f"{p}.cross.q.weight", _weight(attn.q_proj))],
+        f"{p}.cross.q_nobias",
+    )
+    q = g.one("Add", [q, g.constant(f"{p}.cross.q.bias", attn.q_proj.bias)], f"{p}.cross.q")
+    q = g.one("Reshape", [q, shapes["by_source"]], f"{p}.cross.q_by_source")
+    mixed, _, _, scores = g.node(
+        "MultiHeadAttention",
+        [q, f"cross_keys_{i}", f"cross_values_{i}", "", masks["source"]],
+        [f"{p}.cross.mixed_by_source", "", "", f"{p}.cross.scores"],
+        domain=MS,
+        num_heads=heads,
+    )  # mixed [B/K, K, D]; scores (scaled, masked) [B/K, H, K, S]
+    mixed = g.one("Reshape", [mixed, shapes["by_row"]], f"{p}.cross.mixed")  # [B, 1, D]
+    out = g.one(
+        "MatMul",
+        [mixed, g.constant(f"{p}.cross.out.weight", _weight(attn.out_proj))],
+        f"{p}.cross.out",
+    )
+    x = _add_and_norm(g, out, attn.out_proj.bias, x, layer.cross_attn_layer_norm, f"{p}.cross")
+    # This layer's cross-attention weights, each row's own: [B/K, H, K, S] -> [B, H, S]
+    weights = g.one("Softmax", [scores], f"{p}.cross.weights", axis=-1)
+    weights = g.one("Transpose", [weights], f"{p}.cross.weights_by_row", perm=[0, 2, 1, 3])
+    g.one("Reshape", [weights, shapes["weights"]], f"attention_{i}")
+
+    # Feed-forward.
+    ffn = layer.ffn
+    hidden = g.one("MatMul", [x, g.constant(f"{p}.fc1.weight", _weight(ffn.fc1))], f"{p}.fc1")
+    hidden = g.one("Add", [hidden, g.constant(f"{p}.fc1.bias", ffn.fc1.bias)], f"{p}.fc1_bias")
+    hidden = _activation(g, ffn.activation.__name__, hidden, f"{p}.activation")
+    out = g.one("MatMul", [hidden, g.constant(f"{p}.fc2.weight", _weight(ffn.fc2))], f"{p}.fc2")
+    return _add_and_norm(g, out, ffn.fc2.bias, x, layer.final_layer_norm, f"{p}.ffn")
+
+
+def _add_and_norm(
+    g: _Graph, out: str, bias: torch.Tensor, residual: str, norm: torch.nn.LayerNorm, p: str
+) -> str:
+    """Post-norm: LayerNorm(residual + out + bias), out being a sub-layer's projection.
+
+    Written as Add, Add, LayerNormalization rather than ONNX Runtime's fused
+    SkipLayerNormalization: at 128 rows its CPU kernel was measured 3x slower than the three
+    nodes (240 vs 73 us, docs/performance.md). The engine turns off the optimizer that would
+    fuse them back (SkipLayerNormFusion)."""
+    out = g.one("Add", [out, g.constant(f"{p}.out.bias", bias)], f"{p}.out_biased")
+    total = g.one("Add", [out, residual], f"{p}.residual")
+    return g.one(
+        "LayerNormalization",
+        [
+            total,
+            g.constant(f"{p}.norm.weight", norm.weight),
+            g.constant(f"{p}.norm.bias", norm.bias),
+        ],
+        f"{p}.normed",
+        axis=-1,
+        epsilon=norm.eps,
+    )
+
+
+def _activation(g: _Graph, name: str, x: str, out: str) -> str:
+    if name == "relu":
+        return g.one("Relu", [x], out)
+    if name == "gelu":  # torch's exact (erf) GELU
+        return g.one("Gelu", [x], out, domain=MS)
+    if name == "silu":  # swish: x * sigmoid(x)
+        return g.one("Mul", [x, g.one("Sigmoid", [x], out + ".sigmoid")], out)
+    raise ValueError(f"no fused graph for the activation {name!r}")
+
+
+def fused_decoder_step(model: Transformer) -> onnx.ModelProto:
+    """The decoder step of `model` (see the module docstring) as an ONNX model."""
+    config = model.config
+    g = _Graph()
+    dims = config.d_model
+    int64 = lambda name, values: g.constant(name, np.array(values, dtype=np.int64))  # noqa: E731
+
+    # Masks, int32 as MultiHeadAttention reads them (1 = attend). Self-attention: the past plus
+    # the new position, which is real for every row: past_mask [B, P] -> [B, P+1].
+    past = g.one("Cast", ["past_mask"], "past_mask_int", to=TensorProto.INT32)
+    pads = int64("pad_new_position", [0, 0, 0, 1])
+    one = g.constant("one_int", np.array(1, dtype=np.int32))
+    masks = {
+        "self": g.one("Pad", [past, pads, one], "self_mask"),
+        "source": g.one("Cast", ["source_mask"], "source_mask_int", to=TensorProto.INT32),
+    }
+    sources = g.one("Shape", ["source_mask"], "sources", start=0, end=1)
+    source_length = g.one("Shape", ["source_mask"], "source_length", start=1, end=2)
+    shapes = {
+        "by_source": g.one(
+            "Concat", [sources, int64("rows_per_source", [-1, dims])], "shape_by_source", axis=0
+        ),  # [B/K, K, D]
+        "by_row": int64("shape_by_row", [-1, 1, dims]),
+        "weights": g.one(
+            "Concat",
+            [int64("rows_heads", [-1, config.n_heads]), source_length],
+            "shape_weights",
+            axis=0,
+        ),  # [B, H, S]
+    }
+
+    # Embedding of the last token at each row's own position: [B, 1, D]
+    scale = model.embed_scale
+    embeddings = model.embed_tokens.weight.detach() * scale
+    tokens = g.one("Gather", [g.constant("embeddings_scaled", embeddings), "target_ids"], "tokens")
+    row_positions = g.one("Unsqueeze", ["positions", int64("axis_1", [1])], "row_positions")
+    where = g.one(
+        "Gather", [g.constant("position_table", model.positions), row_positions], "position_signal"
+    )
+    x = g.one("Add", [tokens, where], "embedded")
+
+    for i, layer in enumerate(model.decoder_layers):
+        x = _layer(g, i, layer, x, masks, shapes)
+
+    # Output projection (the embedding matrix, shared), log-softmax and the top k, [B, k].
+    x = g.one("Reshape", [x, int64("shape_rows", [-1, dims])], "last_state")  # [B, D]
+    logits = g.one(
+        "MatMul",
+        [x, g.constant("output_projection", model.embed_tokens.weight.detach().T)],
+        "logits",
+    )
+    if bool(model.final_logits_bias.any()):
+        logits = g.one(
+            "Add",
+            [logits, g.constant("final_logits_bias", model.final_logits_bias)],
+            "logits_biased",
+        )
+    log_probs = g.one("LogSoftmax", [logits], "log_probs", axis=-1)
+    k = g.one("Reshape", ["top_k", int64("shape_one", [1])], "top_k_1d")
+    g.node("TopK", [log_probs, k], ["top_log_probs", "top_ids"], axis=-1)
+    last = attention_output_names(config.decoder_layers)[-1]
+    g.one("ReduceMean", [last, int64("axis_heads", [1])], "alignment", keepdims=0)
+
+    graph = helper.make_graph(
+        g.nodes, "decoder_step", _inputs(config), _outputs(config), g.initializers
+    )
+    # MultiHeadAttention's qk output may be another float type than its inputs: say which.
+    graph.value_info.extend(
+        helper.make_tensor_value_info(f"layer{i}.cross.scores", TensorProto.FLOAT, None)
+        for i in range(config.decoder_layers)
+    )
+    model_proto = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)],
+        ir_version=9,
+        producer_name="nmt export (fused step)",
+    )
+    return model_proto
+
+
+def _inputs(config) -> list[onnx.ValueInfoProto]:
+    f32, i64, flag = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+    heads, head_dim = config.n_heads, config.head_dim
+    info = helper.make_tensor_value_info
+    layers = config.decoder_layers
+    return [
+        info("target_ids", i64, ["batch", 1]),
+        info("source_mask", flag, ["sources", "source"]),
+        info("top_k", i64, []),
+        info("past_mask", flag, ["batch", "past"]),
+        info("positions", i64, ["batch"]),
+        *(info(n, f32, ["batch", heads, "past", head_dim]) for n in layer_names("past", layers)),
+        *(
+            info(n, f32, ["sources", heads, "source", head_dim])
+            for n in layer_names("cross", layers)
+        ),
+    ]
+
+
+def _outputs(config) -> list[onnx.ValueInfoProto]:
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    heads, head_dim = config.n_heads, config.head_dim
+    info = helper.make_tensor_value_info
+    layers = config.decoder_layers
+    return [
+        info("top_log_probs", f32, ["batch", "k"]),
+        info("top_ids", i64, ["batch", "k"]),
+        info("alignment", f32, ["batch", "source"]),
+        *(info(n, f32, ["batch", heads, "source"]) for n in attention_output_names(layers)),
+        *(
+            info(n, f32, ["batch", heads, "past_plus_one", head_dim])
+            for n in layer_names("present", layers)
+        ),
+    ]

@@ -1,0 +1,157 @@
+"""The fused decoder step (export/fused_step.py) against the torch model, step by step.
+
+The engine-level tests in test_onnx.py decode through whatever `nmt export` writes by default;
+these look at one step's every output directly, for each activation a model may use (Marian
+imports use swish), with beams sharing a source, cache padding (rows that joined later) and an
+empty cache (the first step)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+from export.fused_step import fused_decoder_step  # noqa: E402
+from export.model.config import ModelConfig  # noqa: E402
+from export.model.transformer import Transformer  # noqa: E402
+from nmt_contract import attention_output_names, layer_names  # noqa: E402
+from service.runtime.engine import DISABLED_OPTIMIZERS, EngineOptions, session_options  # noqa: E402
+
+LAYERS, HEADS, HEAD_DIM = 2, 4, 16
+
+
+def random_model(activation: str, seed: int) -> Transformer:
+    torch.manual_seed(seed)
+    config = ModelConfig(
+        vocab_size=300,
+        d_model=HEADS * HEAD_DIM,
+        n_heads=HEADS,
+        ffn_dim=96,
+        encoder_layers=1,
+        decoder_layers=LAYERS,
+        dropout=0.0,
+        activation=activation,
+    )
+    model = Transformer(config).eval()
+    # Every parameter random, biases and layer norms too (initialization leaves them 0 and 1,
+    # which would hide a bias or a norm weight wired to the wrong place).
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+        model.final_logits_bias.normal_(0.0, 0.5)
+    return model
+
+
+def session(model: Transformer):
+    proto = fused_decoder_step(model)
+    return ort.InferenceSession(
+        proto.SerializeToString(),
+        session_options(EngineOptions(intra_op_threads=1)),
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=DISABLED_OPTIMIZERS,
+    )
+
+
+def step_inputs(sources: int, rows_per_source: int, past: int, source: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    rows = sources * rows_per_source
+    source_mask = np.ones((sources, source), dtype=bool)
+    source_mask[0, source // 2 :] = False  # a shorter sentence, padded
+    past_mask = np.ones((rows, past), dtype=bool)
+    if past > 2:
+        past_mask[rows - 1, : past - 2] = False  # a row that joined past - 2 steps later
+    feeds = {
+        "target_ids": rng.integers(3, 300, (rows, 1)),
+        "source_mask": source_mask,
+        "top_k": np.array(7),
+        "past_mask": past_mask,
+        "positions": past_mask.sum(axis=1).astype(np.int64),
+    }
+    for name in layer_names("past", LAYERS):
+        feeds[name] = rng.standard_normal((rows, HEADS, past, HEAD_DIM), dtype=np.float32)
+    for name in layer_names("cross", LAYERS):
+        feeds[name] = rng.standard_normal((sources, HEADS, source, HEAD_DIM), dtype=np.float32)
+    return feeds
+
+
+def torch_step(model: Transformer, feeds: dict) -> dict:
+    """The textbook model's step on the same inputs."""
+    tensor = {name: torch.from_numpy(np.asarray(value)) for name, value in feeds.items()}
+
+    def pairs(kind: str) -> list[tuple]:  # [(keys_0, values_0), (keys_1, values_1), ...]
+        names = layer_names(kind, LAYERS)
+        return [(tensor[names[i]], tensor[names[i + 1]]) for i in range(0, len(names), 2)]
+
+    past, cross = pairs("past"), pairs("cross")
+    with torch.no_grad():
+        logits, present, weights = model.decode(
+            tensor["target_ids"],
+            past,
+            cross,
+            tensor["source_mask"],
+            tensor["past_mask"],
+            tensor["positions"],
+            all_attention=True,
+        )
+    log_probs = torch.log_softmax(logits[:, -1], dim=-1)
+    top = torch.topk(log_probs, int(feeds["top_k"]), dim=-1)
+    attention = [w.squeeze(2).numpy() for w in weights]  # [B, H, S] per layer
+    return {
+        "top_log_probs": top.values.numpy(),
+        "top_ids": top.indices.numpy(),
+        "alignment": attention[-1].mean(axis=1),
+        **dict(zip(attention_output_names(LAYERS), attention, strict=True)),
+        **dict(
+            zip(
+                layer_names("present", LAYERS),
+                [t.numpy() for pair in present for t in pair],
+                strict=True,
+            )
+        ),
+    }
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
+@pytest.mark.parametrize(
+    ("sources", "rows_per_source", "past", "source"),
+    [(1, 1, 0, 5), (3, 2, 4, 7), (2, 4, 9, 3), (4, 1, 6, 11)],
+)
+def test_a_fused_step_gives_what_the_torch_model_gives(
+    activation: str, sources: int, rows_per_source: int, past: int, source: int
+) -> None:
+    model = random_model(activation, seed=past + source)
+    feeds = step_inputs(sources, rows_per_source, past, source, seed=source)
+    expected = torch_step(model, feeds)
+    names = list(expected)
+    found = dict(zip(names, session(model).run(names, feeds), strict=True))
+    np.testing.assert_array_equal(found["top_ids"], expected["top_ids"])
+    for name in names:
+        np.testing.assert_allclose(found[name], expected[name], atol=2e-5, rtol=1e-4, err_msg=name)
+
+
+def test_the_fused_step_has_under_half_the_nodes_of_the_traced_one(tmp_path) -> None:
+    """What the fused graph is for: fewer nodes a step (each a kernel launch), counted after
+    ONNX Runtime's own optimizations, as the engine loads them."""
+    import onnx
+
+    from export.onnx_export import _export_traced_step
+
+    model = random_model("relu", seed=0)
+    onnx.save(fused_decoder_step(model), str(tmp_path / "fused.onnx"))
+    _export_traced_step(model, tmp_path)
+
+    def nodes_after_optimization(name: str) -> int:
+        options = session_options(EngineOptions(intra_op_threads=1))
+        options.optimized_model_filepath = str(tmp_path / f"{name}.optimized.onnx")
+        ort.InferenceSession(
+            str(tmp_path / name),
+            options,
+            providers=["CPUExecutionProvider"],
+            disabled_optimizers=DISABLED_OPTIMIZERS,
+        )
+        return len(onnx.load(options.optimized_model_filepath).graph.node)
+
+    fused, traced = nodes_after_optimization("fused.onnx"), nodes_after_optimization("decoder.onnx")
+    assert fused < traced / 2, (fused, traced)
