@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 # The layout of bundle.json and of the graphs' inputs and outputs. Bump it on any change that
 # an older runtime would misread; the runtime refuses other formats with "re-export".
 # 2: decoder graphs select the top-k in the graph
@@ -76,3 +78,31 @@ def join_marian_pieces(target_model: Any, pieces: list[str]) -> str:
     them, and a "▁" left over in a piece it does not know (a source-only piece of Marian's
     shared vocabulary) becomes a space. `target_model` is a SentencePieceProcessor."""
     return target_model.decode_pieces(pieces).replace("▁", " ").strip()
+
+
+SHORTLIST_FILE = "shortlist.npz"
+
+
+@dataclass(frozen=True)
+class Shortlist:
+    """A vocabulary shortlist (export/shortlist.py builds it): the target words a batch of
+    sources may lead to. Stored as `shortlist.npz` in model directories and bundles."""
+
+    always: np.ndarray  # [M] int32: target ids that are candidates for every source
+    candidates: np.ndarray  # [V, per_source] int32: each source id's target ids, -1 = none
+
+    def save(self, path: Path) -> None:
+        with open(path, "wb") as f:  # np.savez_compressed would append .npz to a bare name
+            np.savez_compressed(f, always=self.always, candidates=self.candidates)
+
+    @classmethod
+    def load(cls, path: Path) -> Shortlist:
+        with np.load(path) as data:
+            return cls(data["always"], data["candidates"])
+
+    def vocabulary_for(self, source_ids: np.ndarray) -> np.ndarray:
+        """The candidate target ids of a batch, ascending int64: `always` plus the candidates
+        of every source id in it (padding is harmless: the pad id is among `always`)."""
+        ids = np.unique(np.asarray(source_ids))
+        found = self.candidates[ids[ids < len(self.candidates)]].ravel()
+        return np.union1d(self.always, found[found >= 0]).astype(np.int64)

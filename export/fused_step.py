@@ -34,6 +34,7 @@ from export.model.transformer import DecoderLayer, Transformer
 from nmt_contract import attention_output_names, layer_names
 
 MS = "com.microsoft"  # ONNX Runtime's contrib operators
+ONE = np.array([1], dtype=np.int64)  # the shape of TopK's k
 
 
 class _Graph:
@@ -178,8 +179,42 @@ def _activation(g: _Graph, name: str, x: str, out: str) -> str:
     raise ValueError(f"no fused graph for the activation {name!r}")
 
 
-def fused_decoder_step(model: Transformer) -> onnx.ModelProto:
-    """The decoder step of `model` (see the module docstring) as an ONNX model."""
+def _top_k(g: _Graph, model: Transformer, x: str) -> None:
+    """Output projection (the embedding matrix, shared), log-softmax and the top k:
+    x [B, D] -> top_log_probs, top_ids [B, k]."""
+    logits = g.one(
+        "MatMul",
+        [x, g.constant("output_projection", model.embed_tokens.weight.detach().T)],
+        "logits",
+    )  # [B, V]
+    if bool(model.final_logits_bias.any()):
+        bias = g.constant("final_logits_bias", model.final_logits_bias)
+        logits = g.one("Add", [logits, bias], "logits_biased")
+    log_probs = g.one("LogSoftmax", [logits], "log_probs", axis=-1)
+    k = g.one("Reshape", ["top_k", g.constant("shape_one", ONE)], "top_k_1d")
+    g.node("TopK", [log_probs, k], ["top_log_probs", "top_ids"], axis=-1)
+
+
+def _shortlisted_top_k(g: _Graph, model: Transformer, x: str) -> None:
+    """The same over a vocabulary shortlist: only the C candidate words of the batch's
+    sentences (input `vocabulary` [C], ascending ids) are scored, with their columns of the
+    output projection (input `output_projection` [D, C], gathered by the engine once per
+    batch, not per step). Log-probs are normalized over the candidates, as Marian's and
+    CTranslate2's shortlists do; top_ids are vocabulary ids again."""
+    logits = g.one("MatMul", [x, "output_projection"], "logits")  # [B, C]
+    if bool(model.final_logits_bias.any()):
+        table = g.constant("final_logits_bias", model.final_logits_bias)
+        bias = g.one("Gather", [table, "vocabulary"], "candidate_logits_bias")
+        logits = g.one("Add", [logits, bias], "logits_biased")
+    log_probs = g.one("LogSoftmax", [logits], "log_probs", axis=-1)
+    k = g.one("Reshape", ["top_k", g.constant("shape_one", ONE)], "top_k_1d")
+    g.node("TopK", [log_probs, k], ["top_log_probs", "top_candidates"], axis=-1)
+    g.one("Gather", ["vocabulary", "top_candidates"], "top_ids")  # [B, k] vocabulary ids
+
+
+def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.ModelProto:
+    """The decoder step of `model` (see the module docstring) as an ONNX model. `shortlist`:
+    the step of a vocabulary shortlist (see _shortlisted_top_k), with two more inputs."""
     config = model.config
     g = _Graph()
     dims = config.d_model
@@ -222,28 +257,23 @@ def fused_decoder_step(model: Transformer) -> onnx.ModelProto:
     for i, layer in enumerate(model.decoder_layers):
         x = _layer(g, i, layer, x, masks, shapes)
 
-    # Output projection (the embedding matrix, shared), log-softmax and the top k, [B, k].
     x = g.one("Reshape", [x, int64("shape_rows", [-1, dims])], "last_state")  # [B, D]
-    logits = g.one(
-        "MatMul",
-        [x, g.constant("output_projection", model.embed_tokens.weight.detach().T)],
-        "logits",
-    )
-    if bool(model.final_logits_bias.any()):
-        logits = g.one(
-            "Add",
-            [logits, g.constant("final_logits_bias", model.final_logits_bias)],
-            "logits_biased",
-        )
-    log_probs = g.one("LogSoftmax", [logits], "log_probs", axis=-1)
-    k = g.one("Reshape", ["top_k", int64("shape_one", [1])], "top_k_1d")
-    g.node("TopK", [log_probs, k], ["top_log_probs", "top_ids"], axis=-1)
+    if shortlist:
+        _shortlisted_top_k(g, model, x)
+    else:
+        _top_k(g, model, x)
     last = attention_output_names(config.decoder_layers)[-1]
     g.one("ReduceMean", [last, int64("axis_heads", [1])], "alignment", keepdims=0)
 
-    graph = helper.make_graph(
-        g.nodes, "decoder_step", _inputs(config), _outputs(config), g.initializers
-    )
+    inputs = _inputs(config)
+    if shortlist:
+        inputs += [
+            helper.make_tensor_value_info("vocabulary", TensorProto.INT64, ["candidates"]),
+            helper.make_tensor_value_info(
+                "output_projection", TensorProto.FLOAT, [dims, "candidates"]
+            ),
+        ]
+    graph = helper.make_graph(g.nodes, "decoder_step", inputs, _outputs(config), g.initializers)
     # MultiHeadAttention's qk output may be another float type than its inputs: say which.
     graph.value_info.extend(
         helper.make_tensor_value_info(f"layer{i}.cross.scores", TensorProto.FLOAT, None)

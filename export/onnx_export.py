@@ -34,6 +34,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 from torch import nn
@@ -41,7 +42,13 @@ from torch import nn
 from export.checkpoint import load_model_dir, read_description
 from export.fused_step import fused_decoder_step
 from export.model.transformer import Transformer
-from nmt_contract import BUNDLE_FORMAT, attention_output_names, layer_names, sha256_of
+from nmt_contract import (
+    BUNDLE_FORMAT,
+    SHORTLIST_FILE,
+    attention_output_names,
+    layer_names,
+    sha256_of,
+)
 
 log = logging.getLogger("nmt.export")
 
@@ -287,6 +294,26 @@ def _export_traced_step(model: Transformer, out_dir: Path) -> None:
     )
 
 
+def _export_shortlist(model: Transformer, checkpoint: Path, out_dir: Path) -> dict | None:
+    """When the model directory has a shortlist (`nmt shortlist`): the shortlist itself, the
+    output projection [D, V] the runtime gathers a batch's candidate columns from, and the
+    decoder step that scores only them. None without one."""
+    if not (checkpoint / SHORTLIST_FILE).is_file():
+        return None
+    shutil.copyfile(checkpoint / SHORTLIST_FILE, out_dir / SHORTLIST_FILE)
+    projection = model.embed_tokens.weight.detach().T.contiguous().numpy()  # [D, V]
+    with open(out_dir / "output_projection.npy", "wb") as f:
+        np.save(f, projection)
+    step = fused_decoder_step(model, shortlist=True)
+    onnx.checker.check_model(step)
+    onnx.save(step, str(out_dir / "decoder_shortlist.onnx"))
+    return {
+        "file": SHORTLIST_FILE,
+        "projection": "output_projection.npy",
+        "graph": "decoder_shortlist.onnx",
+    }
+
+
 def quantize_graph(fp32_path: Path) -> Path:
     """Dynamic int8 quantization of the MatMul weights (activations stay float)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -330,8 +357,13 @@ def export_bundle(
     staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
         files = export_graphs(model, staging, nocache=not serving_only, decoder=decoder)
+        shortlist = _export_shortlist(model, Path(checkpoint), staging)
+        if shortlist:
+            files.append(shortlist["graph"])
         if int8:
             files += [quantize_graph(staging / name).name for name in files]
+        if shortlist:
+            files += [shortlist["file"], shortlist["projection"]]
         # Every tokenizer file under its own name, recorded by role ("source", "target", ...).
         tokenizer_files = {role: path.name for role, path in tokenizer.files.items()}
         for role, path in tokenizer.files.items():
@@ -365,8 +397,15 @@ def export_bundle(
                 "encoder": "encoder.onnx",
                 "decoder": "decoder.onnx",
                 **({} if serving_only else {"decoder_nocache": "decoder_nocache.onnx"}),
+                **({"decoder_shortlist": shortlist["graph"]} if shortlist else {}),
             },
             "int8": int8,
+            # The vocabulary shortlist (opt-in at serving time), when the model has one.
+            **(
+                {"shortlist": {k: shortlist[k] for k in ("file", "projection")}}
+                if shortlist
+                else {}
+            ),
             "export": {
                 "opset": OPSET,
                 "decoder": decoder,

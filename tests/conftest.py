@@ -95,3 +95,36 @@ def fr_en_bundle(committed_model: Path, tmp_path_factory: pytest.TempPathFactory
     out = tmp_path_factory.mktemp("bundles") / "fr-en"
     export_bundle(committed_model, out, int8=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(reverse_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small random model with a real tokenizer; it favours </s> a little so that
+    hypotheses end at varied lengths (a random model otherwise never stops)."""
+    pytest.importorskip("torch", reason="needs the export extra (torch)")
+    import torch
+
+    from export.checkpoint import save_model_dir
+    from export.model.config import ModelConfig
+    from export.model.transformer import Transformer
+    from export.tokenizer import train_sentencepiece
+
+    folder = tmp_path_factory.mktemp("tiny")
+    spm_model = train_sentencepiece(
+        [reverse_corpus / "train.src", reverse_corpus / "train.tgt"], folder / "spm", 400
+    )
+    torch.manual_seed(3)
+    config = ModelConfig(vocab_size=400, d_model=64, n_heads=4, ffn_dim=128, dropout=0.0)
+    model = Transformer(config).eval()
+    model.final_logits_bias[config.eos_id] = 2.0
+    save_model_dir(model, spm_model, folder / "model")
+    return folder / "model"
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from export.onnx_export import export_bundle
+
+    out = tmp_path_factory.mktemp("bundle") / "tiny"
+    export_bundle(tiny_checkpoint, out, int8=True)
+    return out

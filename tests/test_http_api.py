@@ -457,3 +457,28 @@ def test_a_request_admitted_before_the_signal_is_finished_and_a_newcomer_is_not(
     for newcomer in (time.monotonic() + 1.0, None):
         with pytest.raises(ShuttingDown):
             lifecycle.check_accepting(newcomer)
+
+
+def test_a_shortlist_serves_the_bundles_that_have_one_and_leaves_the_others(
+    fr_en_bundle: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NMT_SHORTLIST=true: fr-en (exported with the committed shortlist) scores only its
+    candidates; a bundle without a shortlist still loads and translates, full vocabulary."""
+    assert json.loads((fr_en_bundle / "bundle.json").read_text())["shortlist"]
+    (tmp_path / "fr-en").symlink_to(fr_en_bundle, target_is_directory=True)
+    without = pair_bundle(fr_en_bundle, tmp_path / "de-fr", "de", "fr")
+    manifest = json.loads((without / "bundle.json").read_text())
+    del manifest["shortlist"], manifest["graphs"]["decoder_shortlist"]
+    (without / "bundle.json").write_text(json.dumps(manifest))
+    shortlisted = start(Settings(model_dir=tmp_path, shortlist=True, **LIMITS))
+    try:
+        found = translate(shortlisted, "Un chien court dans la neige.")
+        assert "dog" in found["translations"][0]["text"]
+        response = shortlisted.post(
+            "/v1/translate", json={"text": "Un chat.", "source_lang": "de", "target_lang": "fr"}
+        )
+        assert response.status_code == 200, response.text
+    finally:
+        shortlisted.__exit__(None, None, None)
+    warned = [r.getMessage() for r in caplog.records if "no vocabulary shortlist" in r.getMessage()]
+    assert len(warned) == 1 and "de-fr" in warned[0]

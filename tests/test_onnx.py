@@ -11,40 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from export.checkpoint import load_model_dir, save_model_dir  # noqa: E402
+from export.checkpoint import load_model_dir  # noqa: E402
 from export.data import pad  # noqa: E402
 from export.decoding import beam_search as torch_beam_search  # noqa: E402
 from export.decoding import greedy_search as torch_greedy_search  # noqa: E402
-from export.model.config import ModelConfig  # noqa: E402
-from export.model.transformer import Transformer  # noqa: E402
 from export.onnx_export import export_bundle  # noqa: E402
-from export.tokenizer import train_sentencepiece  # noqa: E402
 from service.runtime.bundle import BundleError, load_bundle  # noqa: E402
 from service.runtime.engine import Engine, EngineOptions  # noqa: E402
 from service.runtime.search import SearchOptions, length_limit, search  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(reverse_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small random model with a real tokenizer; it favours </s> a little so that
-    hypotheses end at varied lengths (a random model otherwise never stops)."""
-    folder = tmp_path_factory.mktemp("tiny")
-    spm_model = train_sentencepiece(
-        [reverse_corpus / "train.src", reverse_corpus / "train.tgt"], folder / "spm", 400
-    )
-    torch.manual_seed(3)
-    config = ModelConfig(vocab_size=400, d_model=64, n_heads=4, ffn_dim=128, dropout=0.0)
-    model = Transformer(config).eval()
-    model.final_logits_bias[config.eos_id] = 2.0
-    save_model_dir(model, spm_model, folder / "model")
-    return folder / "model"
-
-
-@pytest.fixture(scope="module")
-def tiny_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("bundle") / "tiny"
-    export_bundle(tiny_checkpoint, out, int8=True)
-    return out
 
 
 def random_sources(count: int, vocab: int, seed: int) -> list[list[int]]:

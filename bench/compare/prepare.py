@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nmt_contract import BUNDLE_FORMAT, length_limit, sha256_of
+from nmt_contract import BUNDLE_FORMAT, SHORTLIST_FILE, Shortlist, length_limit, sha256_of
 
 MAX_LENGTH = 256  # the engine's default cap on output tokens
 
@@ -18,14 +18,18 @@ def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
     format; delete the work directory to rebuild them after other changes to the exporters)."""
     from export.marian import export_marian
     from export.onnx_export import export_bundle
+    from export.shortlist import write_ctranslate2_vmap
 
     work.mkdir(parents=True, exist_ok=True)
     paths = {"bundle": work / "bundle", "marian": work / "marian", "ct2": work / "ct2"}
     stamp = work / "stamp.json"
+    shortlist = checkpoint / SHORTLIST_FILE
     weights = {
         "checkpoint": str(checkpoint),
         "sha256": sha256_of(checkpoint / "model.safetensors"),
+        "shortlist": sha256_of(shortlist) if shortlist.is_file() else None,
         "bundle_format": BUNDLE_FORMAT,
+        "decoder": "fused",
     }
     fresh = stamp.is_file() and json.loads(stamp.read_text()) == weights
     if fresh and all(p.exists() for p in paths.values()):
@@ -35,15 +39,25 @@ def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
     export_bundle(checkpoint, paths["bundle"], int8=True)
     export_marian(checkpoint, paths["marian"])
     converter = Path(sys.executable).with_name("ct2-transformers-converter")
-    converted = subprocess.run(
-        [converter, "--model", paths["marian"], "--output_dir", paths["ct2"], "--force"],
-        capture_output=True,
-        text=True,
-    )
+    command = [converter, "--model", paths["marian"], "--output_dir", paths["ct2"], "--force"]
+    if shortlist.is_file():  # the same shortlist as CTranslate2's vocabulary map (use_vmap)
+        vmap = work / "vmap.txt"
+        write_ctranslate2_vmap(
+            Shortlist.load(shortlist), _pieces_by_our_id(checkpoint, paths), vmap
+        )
+        command += ["--vocab_mapping", vmap]
+    converted = subprocess.run(command, capture_output=True, text=True)
     if converted.returncode:
         raise SystemExit(f"ct2-transformers-converter failed:\n{converted.stderr[-2000:]}")
     stamp.write_text(json.dumps(weights) + "\n")
     return paths
+
+
+def _pieces_by_our_id(checkpoint: Path, paths: dict[str, Path]) -> list[str]:
+    """The Marian directory's piece for each of our ids (what CTranslate2's vocabulary holds)."""
+    vocab = json.loads((paths["marian"] / "vocab.json").read_text())
+    piece_of = {i: piece for piece, i in vocab.items()}
+    return [piece_of[i] for i in id_maps(checkpoint)["to_marian"]]
 
 
 def load_sources(bundle: Path, data: Path, count: int | None) -> tuple[list[str], list[list[int]]]:

@@ -15,6 +15,8 @@ from typing import Protocol
 ENGINES = {
     "ours fp32": {"engine": "ours", "int8": False, "cache": True},
     "ours int8": {"engine": "ours", "int8": True, "cache": True},
+    # The vocabulary shortlist (opt-in; needs CHECKPOINT/shortlist.npz, `nmt shortlist`).
+    "ours int8 shortlist": {"engine": "ours", "int8": True, "cache": True, "shortlist": True},
     "ours fp32 no cache": {"engine": "ours", "int8": False, "cache": False},
     "ours int8 no cache": {"engine": "ours", "int8": True, "cache": False},
     "ctranslate2 fp32": {"engine": "ctranslate2", "compute_type": "float32"},
@@ -26,6 +28,8 @@ ENGINES = {
         "compute_type": "int8",
         "patience": 1.0,
     },
+    # The same shortlist as its vocabulary map (converted with --vocab_mapping, use_vmap).
+    "ctranslate2 int8 vmap": {"engine": "ctranslate2", "compute_type": "int8", "vmap": True},
     "transformers fp32": {"engine": "transformers"},
 }
 REFERENCE = "ours fp32"
@@ -46,7 +50,10 @@ class OursRunner:
 
         spec = job["spec"]
         options = EngineOptions(
-            int8=spec["int8"], use_cache=spec["cache"], intra_op_threads=job["threads"]
+            int8=spec["int8"],
+            use_cache=spec["cache"],
+            intra_op_threads=job["threads"],
+            shortlist=spec.get("shortlist", False),
         )
         self.translator = Translator(load_bundle(job["paths"]["bundle"]), options)
 
@@ -70,6 +77,7 @@ class CTranslate2Runner:
             inter_threads=1,
         )
         self.patience = job["spec"].get("patience", 2.0)
+        self.vmap = job["spec"].get("vmap", False)
         vocab = json.loads((Path(job["paths"]["marian"]) / "vocab.json").read_text())
         piece_of = {i: piece for piece, i in vocab.items()}
         to_marian = job["maps"]["to_marian"]
@@ -88,6 +96,7 @@ class CTranslate2Runner:
             # and returns shorter translations on some lines (docs/interop.md has the count).
             # With 2 it searches as far as ours: the parity section of `nmt bench` checks it.
             patience=self.patience,
+            use_vmap=self.vmap,
         )
         return [[self.our_id[p] for p in r.hypotheses[0]] for r in results]
 

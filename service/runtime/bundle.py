@@ -54,7 +54,8 @@ class Bundle:
         return bool(self.manifest.get("decoding", {}).get("force_eos_at_limit", False))
 
     def graph(self, role: str, int8: bool = False) -> Path:
-        """Path of a graph ("encoder", "decoder", "decoder_nocache"), fp32 or int8."""
+        """Path of a graph ("encoder", "decoder", "decoder_nocache", "decoder_shortlist"),
+        fp32 or int8."""
         if role not in self.manifest["graphs"]:
             raise BundleError(
                 f"{self.path} has no {role} graph (exported with --serving-only): "
@@ -66,6 +67,21 @@ class Bundle:
                 raise BundleError(f"{self.path} has no int8 graphs: export it with --int8")
             name = name.removesuffix(".onnx") + ".int8.onnx"
         return self.path / name
+
+    @property
+    def has_shortlist(self) -> bool:
+        """Exported from a model directory with a vocabulary shortlist (`nmt shortlist`)."""
+        return "shortlist" in self.manifest and "decoder_shortlist" in self.manifest["graphs"]
+
+    def shortlist_files(self) -> tuple[Path, Path]:
+        """The shortlist (nmt_contract.Shortlist) and the output projection [D, V] (.npy)."""
+        if not self.has_shortlist:
+            raise BundleError(
+                f"{self.path} has no vocabulary shortlist: build one with `nmt shortlist` "
+                "and re-export the model"
+            )
+        entry = self.manifest["shortlist"]
+        return self.path / entry["file"], self.path / entry["projection"]
 
     def tokenizer_file(self, side: str) -> Path:
         return self.path / self.manifest["tokenizer"][side]

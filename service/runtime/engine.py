@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from nmt_contract import attention_output_names, layer_names
+from nmt_contract import Shortlist, attention_output_names, layer_names
 from service.runtime.bundle import Bundle, BundleError
 
 log = logging.getLogger("nmt.engine")
@@ -37,6 +37,9 @@ class EngineOptions:
     # ONNX Runtime's intra-op threads spin while waiting for work between runs: faster steps,
     # but cores burnt that a server's event loop needs. Off: they sleep instead.
     spinning: bool = True
+    # Score only a batch's candidate words (the bundle's vocabulary shortlist): faster at large
+    # batches, but results change a little (export/shortlist.py, docs/performance.md).
+    shortlist: bool = False
 
 
 def session_options(options: EngineOptions) -> ort.SessionOptions:
@@ -80,7 +83,10 @@ class DecoderState:
     past_mask [rows, P]: False for the padding in front of rows that joined later (a running
     batch's rows started at different steps; each row's real cache is right-aligned);
     positions [rows]: each row's real cache length, the position of the token it feeds next;
-    prefix [rows, P]: every token fed so far (only kept by the no-cache decoder).
+    prefix [rows, P]: every token fed so far (only kept by the no-cache decoder);
+    vocabulary [C]: with a shortlist, the candidate target ids of every source in the state
+    (ascending), and projection [D, C] their output projection columns (made at the first
+    step after the vocabulary changes).
     """
 
     cross: list[np.ndarray]
@@ -89,6 +95,8 @@ class DecoderState:
     past_mask: np.ndarray
     positions: np.ndarray
     prefix: np.ndarray
+    vocabulary: np.ndarray | None = None
+    projection: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -140,6 +148,10 @@ class DecoderState:
             for a, b in zip(self.past, joining.past, strict=True)
         ]
         self.positions = np.concatenate([self.positions, joining.positions])
+        if self.vocabulary is not None and joining.vocabulary is not None:
+            # The candidates of both (those of sentences that left stay: a superset is harmless)
+            self.vocabulary = np.union1d(self.vocabulary, joining.vocabulary)
+            self.projection = None
         if self.prefix.shape[1] or joining.prefix.shape[1]:
             raise ValueError("the no-cache decoder (benchmarks only) cannot join rows midway")
         self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
@@ -192,6 +204,14 @@ class Engine:
         self.attention_names = attention_output_names(self.layers)
         self.encoder = _session(bundle.graph("encoder", self.options.int8), self.options)
         role = "decoder" if self.options.use_cache else "decoder_nocache"
+        self.shortlist: Shortlist | None = None
+        if self.options.shortlist:
+            if not self.options.use_cache:
+                raise ValueError("the shortlist needs the cached decoder")
+            role = "decoder_shortlist"
+            shortlist_path, projection_path = bundle.shortlist_files()
+            self.shortlist = Shortlist.load(shortlist_path)
+            self.projection = np.load(projection_path)  # [D, V]
         self.decoder = _session(bundle.graph(role, self.options.int8), self.options)
         if self.options.use_cache:
             self._check_decoder_names(bundle)
@@ -222,6 +242,9 @@ class Engine:
         )
         rows = source_ids.shape[0] * rows_per_source
         empty = np.zeros((rows, self.heads, 0, self.head_dim), dtype=np.float32)
+        vocabulary = None
+        if self.shortlist is not None:
+            vocabulary = self.shortlist.vocabulary_for(source_ids[source_mask])
         return DecoderState(
             cross=cross,
             source_mask=source_mask,
@@ -229,6 +252,7 @@ class Engine:
             past_mask=np.zeros((rows, 0), dtype=bool),
             positions=np.zeros(rows, dtype=np.int64),
             prefix=np.zeros((rows, 0), dtype=np.int64),
+            vocabulary=vocabulary,
         )
 
     def step(
@@ -254,7 +278,9 @@ class Engine:
         """Like step, but with the full log-probs [rows, V] (for checks against torch): the
         top V, put back in vocabulary order."""
         result = self._run(state, tokens, self.vocab_size, want_alignment, False)
-        log_probs = np.empty_like(result.top_log_probs)
+        # With a shortlist only the candidates have a log-prob; the other words cannot be
+        # written: -inf.
+        log_probs = np.full((state.rows, self.vocab_size), -np.inf, dtype=np.float32)
         np.put_along_axis(log_probs, result.top_ids, result.top_log_probs, axis=1)
         result.log_probs = log_probs
         return result
@@ -276,6 +302,12 @@ class Engine:
             feeds["target_ids"] = state.prefix
             return StepResult(*self.decoder.run(outputs, feeds))
         feeds["target_ids"] = tokens[:, None]
+        if self.shortlist is not None:
+            if state.projection is None:  # once per vocabulary, not per step
+                state.projection = np.ascontiguousarray(self.projection[:, state.vocabulary])
+            feeds["vocabulary"] = state.vocabulary
+            feeds["output_projection"] = state.projection
+            feeds["top_k"] = np.array(min(top_k, len(state.vocabulary)), dtype=np.int64)
         feeds["past_mask"] = state.past_mask
         feeds["positions"] = state.positions
         feeds.update(zip(self.past_names, state.past, strict=True))

@@ -122,12 +122,16 @@ class ModelRegistry:
         settings = self.settings
         started = time.monotonic()
         bundle = load_bundle(path)
+        shortlist = settings.shortlist and bundle.has_shortlist
+        if settings.shortlist and not shortlist:
+            log.warning("%s has no vocabulary shortlist: it scores the full vocabulary", path)
         translator = Translator(
             bundle,
             EngineOptions(
                 int8=settings.int8,
                 intra_op_threads=settings.engine_threads,
                 spinning=settings.thread_spinning,
+                shortlist=shortlist,
             ),
         )
         if settings.warmup:

@@ -24,6 +24,12 @@ class Settings(BaseSettings):
         "bundle.json); a single bundle folder works too",
     )
     int8: bool = Field(False, description="serve the int8 graphs (bundles exported with --int8)")
+    shortlist: bool = Field(
+        False,
+        description="score only the candidate words of each batch's sentences (the vocabulary "
+        "shortlist of bundles that have one; the others keep the full vocabulary): faster at "
+        "large batches, translations change a little",
+    )
     threads: int = Field(
         0,
         ge=0,
