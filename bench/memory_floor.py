@@ -7,9 +7,9 @@ is read once and used for one multiply-add, so the step cannot be faster than th
 read the weights. This script
 * sums the bytes of the weights a step reads, from the decoder graph itself (the matrices
   of the matmuls, biases and norms; of the embedding tables only the one row it gathers);
-* measures single-thread read bandwidth with numpy, for a working set the size of the weights
-  (they stay in the last-level cache between steps when nothing else runs) and for one far
-  larger than any cache (main memory);
+* measures single-thread read bandwidth (a BLAS dot product), for a working set the size of
+  the weights (they stay in the last-level cache between steps when nothing else runs) and
+  for one far larger than any cache (main memory);
 * times a batch-1 greedy decoder step of the engine (one thread, a 10-token past, a
   12-token source), median over turns;
 and writes the floor (bytes / bandwidth) and the step's ratio to it into docs/performance.md.
@@ -50,14 +50,16 @@ def weight_bytes(graph_path: Path) -> dict[str, int]:
 
 
 def read_bandwidth(size_bytes: int, seconds: float = 1.0) -> float:
-    """Single-thread read bandwidth (bytes/s) summing a float32 array of about size_bytes,
-    median over repeated passes for about `seconds`."""
-    array = np.ones(max(size_bytes // 4, 1024), dtype=np.float32)
-    array.sum()  # touch every page
+    """Single-thread read bandwidth (bytes/s): the dot product of the two halves of a float32
+    array of about size_bytes (BLAS reads each byte once, vectorized; numpy's sum and max
+    are slower than the memory they read), median over repeated passes for about `seconds`."""
+    array = np.ones(max(size_bytes // 8, 512) * 2, dtype=np.float32)  # an even length
+    first, second = array[: len(array) // 2], array[len(array) // 2 :]
+    first.dot(second)  # touch every page
     passes, deadline = [], time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(passes) < 5:
         begin = time.perf_counter()
-        array.sum()
+        first.dot(second)
         passes.append(time.perf_counter() - begin)
     return array.nbytes / statistics.median(passes)
 
@@ -100,8 +102,8 @@ def report(bundle: Path) -> str:
         f"({platform.processor() or platform.machine()}, one thread).",
         "",
         "At batch 1 a step reads every weight once for one multiply-add: it cannot take less "
-        "than weight bytes / read bandwidth. Bandwidth is numpy's single-thread sum over an "
-        "array the size of the weights (cache: between two steps nothing else evicts them) "
+        "than weight bytes / read bandwidth. Bandwidth is a single-thread BLAS dot product over "
+        "an array the size of the weights (cache: between two steps nothing else evicts them) "
         "and over 1 GiB (main memory). The step is the engine's, median of 2,000 (batch 1, "
         "greedy, 10-token past, 12-token source, Python call included).",
         "",

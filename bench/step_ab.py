@@ -1,0 +1,98 @@
+"""Decoder step graphs side by side: median step time of each, taking turns in one process.
+
+    python -m bench.step_ab build/models/fr-en/decoder.int8.onnx other/decoder.int8.onnx \
+        --rows 128 --rows-per-source 4
+
+Every graph is loaded (one thread, the engine's session settings), then they run in turns,
+20 steps each, 40 turns, on the same random inputs: a slow spell of the machine falls on all
+of them. Prints a markdown table with each graph's median and its ratio to the first. Graphs
+with the shortlist inputs get `--candidates` random candidate words. This is how the step
+timings of docs/performance.md were measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from nmt_contract import layer_names
+from service.runtime.engine import DISABLED_OPTIMIZERS, EngineOptions, session_options
+
+
+def step_inputs(args: argparse.Namespace, layers: int, heads: int, head_dim: int) -> dict:
+    rng = np.random.default_rng(0)
+    rows, sources = args.rows, args.rows // args.rows_per_source
+    feeds = {
+        "target_ids": rng.integers(3, 1000, (rows, 1)),
+        "source_mask": np.ones((sources, args.source), dtype=bool),
+        "top_k": np.array(args.rows_per_source + 1 if args.rows_per_source > 1 else 1),
+        "past_mask": np.ones((rows, args.past), dtype=bool),
+        "positions": np.full(rows, args.past, dtype=np.int64),
+    }
+    for name in layer_names("past", layers):
+        feeds[name] = rng.standard_normal((rows, heads, args.past, head_dim), dtype=np.float32)
+    for name in layer_names("cross", layers):
+        shape = (sources, heads, args.source, head_dim)
+        feeds[name] = rng.standard_normal(shape, dtype=np.float32)
+    return feeds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.step_ab", description=__doc__)
+    parser.add_argument("graphs", nargs="+", type=Path)
+    parser.add_argument("--rows", type=int, default=1)
+    parser.add_argument("--rows-per-source", type=int, default=1, help="beams (K)")
+    parser.add_argument("--past", type=int, default=10)
+    parser.add_argument("--source", type=int, default=12)
+    parser.add_argument("--candidates", type=int, default=1000, help="for shortlist graphs")
+    parser.add_argument("--turns", type=int, default=40)
+    args = parser.parse_args(argv)
+
+    sessions = []
+    for path in args.graphs:
+        session = ort.InferenceSession(
+            str(path),
+            session_options(EngineOptions(intra_op_threads=1)),
+            providers=["CPUExecutionProvider"],
+            disabled_optimizers=DISABLED_OPTIMIZERS,
+        )
+        inputs = {i.name: i for i in session.get_inputs()}
+        layers = sum(name.startswith("past_keys_") for name in inputs)
+        _, heads, _, head_dim = inputs["past_keys_0"].shape
+        feeds = step_inputs(args, layers, heads, head_dim)
+        if "vocabulary" in inputs:
+            width = inputs["output_projection"].shape[0]
+            rng = np.random.default_rng(1)
+            feeds["vocabulary"] = np.sort(rng.choice(8000, args.candidates, replace=False))
+            feeds["output_projection"] = rng.standard_normal(
+                (width, args.candidates), dtype=np.float32
+            )
+        outputs = [o.name for o in session.get_outputs() if o.name.startswith("present")]
+        sessions.append((session, {k: v for k, v in feeds.items() if k in inputs}, outputs))
+
+    times: list[list[float]] = [[] for _ in sessions]
+    for _ in range(args.turns):
+        for timed, (session, feeds, outputs) in zip(times, sessions, strict=True):
+            for _ in range(20):
+                begin = time.perf_counter()
+                session.run(["top_log_probs", "top_ids", *outputs], feeds)
+                timed.append(time.perf_counter() - begin)
+    first = statistics.median(times[0])
+    print(
+        f"rows {args.rows}, {args.rows_per_source} per source, past {args.past}, "
+        f"source {args.source}; median of {20 * args.turns} steps each\n"
+    )
+    print("| graph | step | ratio to the first |\n|---|---|---|")
+    for path, timed in zip(args.graphs, times, strict=True):
+        median = statistics.median(timed)
+        print(f"| {path} | {median * 1e3:.3f} ms | {median / first:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
