@@ -493,9 +493,7 @@ class BeamBatch(RunningBatch):
         picked = _along(open_, pick)  # [live, K]
         next_scores = np.where(picked, _along(top_scores, pick), -np.inf)
         next_rows = np.where(picked, _along(top_row, pick), first_row)
-        next_tokens = np.where(
-            picked, _along(top_token, pick), self.engine.pad_id
-        )
+        next_tokens = np.where(picked, _along(top_token, pick), self.engine.pad_id)
 
         complete = np.isfinite(self.kth_best)
         cannot_improve = next_scores.max(axis=1) / length**penalty <= self.kth_best
