@@ -51,13 +51,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=int, default=12)
     parser.add_argument("--candidates", type=int, default=1000, help="for shortlist graphs")
     parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument(
+        "--threads",
+        default="1",
+        help="ONNX Runtime intra-op threads, one value for all graphs or one per graph "
+        "(comma-separated; a graph may be given twice to compare thread counts)",
+    )
+    parser.add_argument("--no-spinning", action="store_true", help="threads sleep between runs")
     args = parser.parse_args(argv)
 
+    threads = [int(t) for t in args.threads.split(",")]
+    threads = threads * len(args.graphs) if len(threads) == 1 else threads
     sessions = []
-    for path in args.graphs:
+    for path, count in zip(args.graphs, threads, strict=True):
+        options = EngineOptions(intra_op_threads=count, spinning=not args.no_spinning)
         session = ort.InferenceSession(
             str(path),
-            session_options(EngineOptions(intra_op_threads=1)),
+            session_options(options),
             providers=["CPUExecutionProvider"],
             disabled_optimizers=DISABLED_OPTIMIZERS,
         )
@@ -87,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         f"rows {args.rows}, {args.rows_per_source} per source, past {args.past}, "
         f"source {args.source}; median of {20 * args.turns} steps each\n"
     )
-    print("| graph | step | ratio to the first |\n|---|---|---|")
-    for path, timed in zip(args.graphs, times, strict=True):
+    print("| graph | threads | step | ratio to the first |\n|---|---|---|---|")
+    for path, count, timed in zip(args.graphs, threads, times, strict=True):
         median = statistics.median(timed)
-        print(f"| {path} | {median * 1e3:.3f} ms | {median / first:.2f}x |")
+        print(f"| {path} | {count} | {median * 1e3:.3f} ms | {median / first:.2f}x |")
     return 0
 
 
