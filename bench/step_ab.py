@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         "(comma-separated; a graph may be given twice to compare thread counts)",
     )
     parser.add_argument("--no-spinning", action="store_true", help="threads sleep between runs")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also each graph's time by operator type (ONNX Runtime's profiler, 200 steps; "
+        "the profiler adds a few µs to every node, so small nodes look costlier than they are)",
+    )
     args = parser.parse_args(argv)
 
     threads = [int(t) for t in args.threads.split(",")]
@@ -101,7 +107,55 @@ def main(argv: list[str] | None = None) -> int:
     for path, count, timed in zip(args.graphs, threads, times, strict=True):
         median = statistics.median(timed)
         print(f"| {path} | {count} | {median * 1e3:.3f} ms | {median / first:.2f}x |")
+    if args.profile:
+        for path, count, (_, feeds, outputs) in zip(args.graphs, threads, sessions, strict=True):
+            print(f"\n{path}, by operator type (share of the time inside nodes):\n")
+            print(_profile(path, count, feeds, outputs))
     return 0
+
+
+# The int8 graphs' weight matmuls (attention's activation-by-activation products stay float
+# MatMul / FusedMatMul nodes, or live inside MultiHeadAttention, and are not counted).
+INT8_MATMULS = {"DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger"}
+
+
+def _profile(path: Path, threads: int, feeds: dict, outputs: list[str]) -> str:
+    """A markdown table of node time by operator type over 200 profiled steps."""
+    import json
+    import tempfile
+
+    options = session_options(EngineOptions(intra_op_threads=threads))
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as folder:
+        options.profile_file_prefix = str(Path(folder) / "step")
+        session = ort.InferenceSession(
+            str(path),
+            options,
+            providers=["CPUExecutionProvider"],
+            disabled_optimizers=DISABLED_OPTIMIZERS,
+        )
+        for _ in range(200):
+            session.run(["top_log_probs", "top_ids", *outputs], feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    by_op: dict[str, float] = {}
+    nodes = 0
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            op = event["args"]["op_name"]
+            by_op[op] = by_op.get(op, 0.0) + event["dur"]
+            nodes += 1
+    total = sum(by_op.values())
+    matmuls = sum(t for op, t in by_op.items() if op in INT8_MATMULS)
+    lines = [
+        f"{nodes // 200} nodes a step; int8 weight matmuls {matmuls / total:.0%} of node time, "
+        f"everything else {1 - matmuls / total:.0%}",
+        "",
+        "| operator | share |",
+        "|---|---|",
+    ]
+    for op, spent in sorted(by_op.items(), key=lambda item: -item[1])[:10]:
+        lines.append(f"| {op} | {spent / total:.0%} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
