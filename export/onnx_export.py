@@ -45,6 +45,7 @@ from export.model.transformer import Transformer
 from nmt_contract import (
     BUNDLE_FORMAT,
     SHORTLIST_FILE,
+    Shortlist,
     attention_output_names,
     layer_names,
     sha256_of,
@@ -300,6 +301,14 @@ def _export_shortlist(model: Transformer, checkpoint: Path, out_dir: Path) -> di
     decoder step that scores only them. None without one."""
     if not (checkpoint / SHORTLIST_FILE).is_file():
         return None
+    shortlist = Shortlist.load(checkpoint / SHORTLIST_FILE)
+    vocab_size = model.config.vocab_size
+    ids = np.concatenate([shortlist.always.ravel(), shortlist.candidates.ravel()])
+    if len(shortlist.candidates) != vocab_size or ids.max(initial=-1) >= vocab_size:
+        raise ValueError(
+            f"{checkpoint / SHORTLIST_FILE} does not fit this model's {vocab_size} words "
+            "(built for another vocabulary?): rebuild it with `nmt shortlist`"
+        )
     shutil.copyfile(checkpoint / SHORTLIST_FILE, out_dir / SHORTLIST_FILE)
     projection = model.embed_tokens.weight.detach().T.contiguous().numpy()  # [D, V]
     with open(out_dir / "output_projection.npy", "wb") as f:

@@ -134,3 +134,14 @@ def test_a_bundle_without_a_shortlist_says_how_to_get_one(tiny_bundle: Path) -> 
         Engine(load_bundle(tiny_bundle), EngineOptions(shortlist=True))
     manifest = json.loads((tiny_bundle / "bundle.json").read_text())
     assert "shortlist" not in manifest
+
+
+def test_a_shortlist_for_another_vocabulary_is_refused_at_export(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    bigger = Shortlist(np.array([0, 1, 2], np.int32), np.full((8000, 3), 7000, np.int32))
+    bigger.save(checkpoint / SHORTLIST_FILE)
+    with pytest.raises(ValueError, match="nmt shortlist"):
+        export_bundle(checkpoint, tmp_path / "bundle", serving_only=True)

@@ -218,6 +218,12 @@ class Engine:
             shortlist_path, projection_path = bundle.shortlist_files()
             self.shortlist = Shortlist.load(shortlist_path)
             self.projection = np.load(projection_path)  # [D, V]
+            ids = np.concatenate([self.shortlist.always, self.shortlist.candidates.ravel()])
+            if self.projection.shape[1] != self.vocab_size or ids.max() >= self.vocab_size:
+                raise BundleError(
+                    f"{bundle.path}: the shortlist does not fit the model's {self.vocab_size} "
+                    "words: rebuild it with `nmt shortlist` and re-export"
+                )
         self.decoder = _session(bundle.graph(role, self.options.int8), self.options)
         if self.options.use_cache:
             self._check_decoder_names(bundle)
