@@ -40,8 +40,9 @@ class EngineOptions:
     # next batch and a server's event loop need (measured at 2 threads, greedy batch 32: 2,936
     # tokens/s sleeping, 2,255 spinning, 2,573 with one thread). The encoder never spins.
     spinning: bool = False
-    # Score only a batch's candidate words (the bundle's vocabulary shortlist): faster at large
-    # batches, but results change a little (export/shortlist.py, docs/performance.md).
+    # Score only a batch's candidate words (the bundle's vocabulary shortlist): up to 1.3x
+    # faster, mostly in beam search; results change a little (export/shortlist.py,
+    # docs/performance.md).
     shortlist: bool = False
 
 
