@@ -100,6 +100,11 @@ class Shortlist:
         with np.load(path) as data:
             return cls(data["always"], data["candidates"])
 
+    def fits(self, vocab_size: int) -> bool:
+        """Built for a vocabulary of vocab_size words: a row per source id, every id inside."""
+        ids = np.concatenate([self.always.ravel(), self.candidates.ravel()])
+        return len(self.candidates) == vocab_size and ids.max(initial=-1) < vocab_size
+
     def vocabulary_for(self, source_ids: np.ndarray) -> np.ndarray:
         """The candidate target ids of a batch, ascending int64: `always` plus the candidates
         of every source id in it (padding is harmless: the pad id is among `always`)."""

@@ -218,9 +218,7 @@ def export_graphs(
             {"source_ids": by_source, "source_mask": by_source} | dict.fromkeys(cross_names, cross),
         )
         if decoder == "fused":
-            step = fused_decoder_step(model)
-            onnx.checker.check_model(step)  # no full check: ONNX has no schemas for contrib ops
-            onnx.save(step, str(out_dir / "decoder.onnx"))
+            _save_fused_step(fused_decoder_step(model), out_dir / "decoder.onnx")
         else:
             _export_traced_step(model, out_dir)
         if not nocache:
@@ -295,16 +293,19 @@ def _export_traced_step(model: Transformer, out_dir: Path) -> None:
     )
 
 
+def _save_fused_step(step: onnx.ModelProto, path: Path) -> None:
+    onnx.checker.check_model(step)  # no full check: ONNX has no schemas for contrib ops
+    onnx.save(step, str(path))
+
+
 def _export_shortlist(model: Transformer, checkpoint: Path, out_dir: Path) -> dict | None:
     """When the model directory has a shortlist (`nmt shortlist`): the shortlist itself, the
     output projection [D, V] the runtime gathers a batch's candidate columns from, and the
     decoder step that scores only them. None without one."""
     if not (checkpoint / SHORTLIST_FILE).is_file():
         return None
-    shortlist = Shortlist.load(checkpoint / SHORTLIST_FILE)
     vocab_size = model.config.vocab_size
-    ids = np.concatenate([shortlist.always.ravel(), shortlist.candidates.ravel()])
-    if len(shortlist.candidates) != vocab_size or ids.max(initial=-1) >= vocab_size:
+    if not Shortlist.load(checkpoint / SHORTLIST_FILE).fits(vocab_size):
         raise ValueError(
             f"{checkpoint / SHORTLIST_FILE} does not fit this model's {vocab_size} words "
             "(built for another vocabulary?): rebuild it with `nmt shortlist`"
@@ -313,9 +314,7 @@ def _export_shortlist(model: Transformer, checkpoint: Path, out_dir: Path) -> di
     projection = model.embed_tokens.weight.detach().T.contiguous().numpy()  # [D, V]
     with open(out_dir / "output_projection.npy", "wb") as f:
         np.save(f, projection)
-    step = fused_decoder_step(model, shortlist=True)
-    onnx.checker.check_model(step)
-    onnx.save(step, str(out_dir / "decoder_shortlist.onnx"))
+    _save_fused_step(fused_decoder_step(model, shortlist=True), out_dir / "decoder_shortlist.onnx")
     return {
         "file": SHORTLIST_FILE,
         "projection": "output_projection.npy",

@@ -54,30 +54,35 @@ def make_job(
 
 def spawn(job: dict, work: Path) -> dict:
     """Run one engine's job in a fresh interpreter and read back its result."""
-    slug = job["name"].replace(" ", "-")
-    job_path, result_path = work / f"job-{slug}.json", work / f"result-{slug}.json"
-    job_path.write_text(json.dumps(job))
-    result_path.unlink(missing_ok=True)
-    environment = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
+    job_path, result_path = _job_files(job, work)
     subprocess.run(
         [sys.executable, "-m", "bench.compare", "--worker", str(job_path), str(result_path)],
         check=True,
         cwd=ROOT,
-        env=environment,
+        env=_environment(),
     )
     return json.loads(result_path.read_text())
+
+
+def _job_files(job: dict, work: Path) -> tuple[Path, Path]:
+    """The job written for the worker, and where its result will be (none there yet)."""
+    slug = job["name"].replace(" ", "-")
+    job_path, result_path = work / f"job-{slug}.json", work / f"result-{slug}.json"
+    job_path.write_text(json.dumps(job))
+    result_path.unlink(missing_ok=True)
+    return job_path, result_path
+
+
+def _environment() -> dict[str, str]:
+    return {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
 
 
 def spawn_interleaved(jobs: list[dict], work: Path) -> dict[str, dict]:
     """Run the jobs' engines in turns (see the module docstring); returns results by name,
     the same as `spawn` gives for each. All jobs must have the same runs."""
-    environment = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
     workers = {}
     for job in jobs:
-        slug = job["name"].replace(" ", "-")
-        job_path, result_path = work / f"job-{slug}.json", work / f"result-{slug}.json"
-        job_path.write_text(json.dumps(job))
-        result_path.unlink(missing_ok=True)
+        job_path, result_path = _job_files(job, work)
         command = [
             sys.executable,
             "-m",
@@ -89,7 +94,7 @@ def spawn_interleaved(jobs: list[dict], work: Path) -> dict[str, dict]:
         process = subprocess.Popen(
             command,
             cwd=ROOT,
-            env=environment,
+            env=_environment(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -185,6 +190,17 @@ def _timed(
     return seconds, outputs
 
 
+def _run_result(run: dict, seconds: list[float], outputs: list[list[int]]) -> dict:
+    """One configuration's result: its passes' times, their median, the outputs."""
+    return {
+        **run,
+        "seconds": seconds,
+        "median": statistics.median(seconds) if seconds else float("nan"),
+        "tokens": sum(len(t) + 1 for t in outputs),  # + </s>
+        "outputs": outputs,
+    }
+
+
 def run_turns(job: dict, commands, answer) -> dict:
     """The worker of `spawn_interleaved`: load the engine, then do one pass of a run per
     command ({"run": i}; the first pass of each run is its warm-up) until {"finish": true}."""
@@ -209,20 +225,10 @@ def run_turns(job: dict, commands, answer) -> dict:
             passes.setdefault(index, []).extend(seconds)
         outputs[index] = found
         answer("done")
-    results = []
-    for index, run in enumerate(job["runs"]):
-        seconds = passes.get(index, [])
-        tokens = sum(len(t) + 1 for t in outputs.get(index, []))  # + </s>
-        median = statistics.median(seconds) if seconds else float("nan")
-        results.append(
-            {
-                **run,
-                "seconds": seconds,
-                "median": median,
-                "tokens": tokens,
-                "outputs": outputs.get(index, []),
-            }
-        )
+    results = [
+        _run_result(run, passes.get(index, []), outputs.get(index, []))
+        for index, run in enumerate(job["runs"])
+    ]
     return {
         "name": job["name"],
         "profile": None,
@@ -247,13 +253,9 @@ def run_worker(job: dict) -> dict:
     for run in job["runs"]:
         calls = _calls(limits, run["batch"], run["exact_limits"] and not ours)
         seconds, outputs = _timed(runner, sources, calls, run["beam"], run["repeat"])
-        median = statistics.median(seconds)
-        tokens = sum(len(t) + 1 for t in outputs)  # + </s>
-        results.append(
-            {**run, "seconds": seconds, "median": median, "tokens": tokens, "outputs": outputs}
-        )
+        results.append(_run_result(run, seconds, outputs))
         where = f"{job['name']}: beam {run['beam']} batch {run['batch']}"
-        print(f"  {where}: {median:.2f} s", flush=True)
+        print(f"  {where}: {results[-1]['median']:.2f} s", flush=True)
     profile = None
     if job.get("profile_prefix"):
         # Warm-up included: the profiler saw it too.

@@ -219,8 +219,8 @@ class Engine:
             shortlist_path, projection_path = bundle.shortlist_files()
             self.shortlist = Shortlist.load(shortlist_path)
             self.projection = np.load(projection_path)  # [D, V]
-            ids = np.concatenate([self.shortlist.always, self.shortlist.candidates.ravel()])
-            if self.projection.shape[1] != self.vocab_size or ids.max() >= self.vocab_size:
+            fits = self.shortlist.fits(self.vocab_size)
+            if not fits or self.projection.shape[1] != self.vocab_size:
                 raise BundleError(
                     f"{bundle.path}: the shortlist does not fit the model's {self.vocab_size} "
                     "words: rebuild it with `nmt shortlist` and re-export"
@@ -301,6 +301,8 @@ class Engine:
     def _run(
         self, state: DecoderState, tokens: np.ndarray, top_k: int, alignment: bool, attention: bool
     ) -> StepResult:
+        if self.shortlist is not None:  # k of the C candidates at most
+            top_k = min(top_k, len(state.vocabulary))
         feeds = {
             "source_mask": state.source_mask,
             "top_k": np.array(top_k, dtype=np.int64),
@@ -320,7 +322,6 @@ class Engine:
                 state.projection = np.ascontiguousarray(self.projection[:, state.vocabulary])
             feeds["vocabulary"] = state.vocabulary
             feeds["output_projection"] = state.projection
-            feeds["top_k"] = np.array(min(top_k, len(state.vocabulary)), dtype=np.int64)
         feeds["past_mask"] = state.past_mask
         feeds["positions"] = state.positions
         feeds.update(zip(self.past_names, state.past, strict=True))
