@@ -126,9 +126,20 @@ def test_a_fused_step_gives_what_the_torch_model_gives(
     expected = torch_step(model, feeds)
     names = list(expected)
     found = dict(zip(names, session(model).run(names, feeds), strict=True))
-    np.testing.assert_array_equal(found["top_ids"], expected["top_ids"])
+    # The same words in the same order, except where two log-probs are so close that another
+    # CPU's rounding may swap them (a near-tie: either order is right).
+    values = expected["top_log_probs"]
+    gap = np.diff(values, axis=1)  # <= 0: best first
+    clear = np.ones_like(values, dtype=bool)
+    clear[:, 1:] &= gap < -1e-4
+    clear[:, :-1] &= gap < -1e-4
+    np.testing.assert_array_equal(found["top_ids"][clear], expected["top_ids"][clear])
+    assert clear.mean() > 0.5  # most of them are not near-ties: the check means something
     for name in names:
-        np.testing.assert_allclose(found[name], expected[name], atol=2e-5, rtol=1e-4, err_msg=name)
+        if name != "top_ids":
+            np.testing.assert_allclose(
+                found[name], expected[name], atol=2e-5, rtol=1e-4, err_msg=name
+            )
 
 
 def test_the_fused_step_has_under_half_the_nodes_of_the_traced_one(tmp_path) -> None:
