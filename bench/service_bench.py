@@ -15,6 +15,13 @@ join and leave the running batch between decoder steps). Both get the same engin
   and requests for both servers: sentences of every length, half greedy and half beam 4.
 * The engine alone, in process, on the same sentences at batch 1 and 32 with the same threads:
   the ceiling that batching in the service can reach.
+* Where the CPU goes, per request: the server's engine thread (decoding), the rest of the
+  server (its event loop: HTTP, validation, tokenization), and the load generator, which shares
+  the cores. Read from /proc on Linux, so that a gap to the engine alone can be told apart from
+  a load generator that cannot keep up.
+
+The clients are aiohttp's: httpx took about 5 ms of CPU a request here against aiohttp's 1 ms,
+and with 2 cores shared that was enough to starve the servers of requests.
 
 Writes the "service" section of docs/benchmarks.md. A benchmark, not a test: it reports what
 it measured and asserts nothing.
@@ -27,6 +34,7 @@ import asyncio
 import os
 import platform
 import random
+import resource
 import shlex
 import signal
 import socket
@@ -40,6 +48,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -74,6 +83,7 @@ class Run:
     errors: int = 0
     steps: float = 0.0  # decoder steps the server ran
     sentence_steps: float = 0.0  # sentences decoded at those steps, summed
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds: engine, server, client
 
     @property
     def throughput(self) -> float:
@@ -87,6 +97,15 @@ class Run:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
+    def cpu_ms_per_request(self, part: str) -> float:
+        return 1000 * self.cpu[part] / self.requests if part in self.cpu else float("nan")
+
+
+@dataclass
+class Served:
+    url: str
+    pid: int
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -95,7 +114,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def server(model_dir: Path, log_dir: Path, settings: dict[str, object]) -> Iterator[str]:
+def server(model_dir: Path, log_dir: Path, settings: dict[str, object]) -> Iterator[Served]:
     port = free_port()
     env = {
         **os.environ,
@@ -117,7 +136,7 @@ def server(model_dir: Path, log_dir: Path, settings: dict[str, object]) -> Itera
             if process.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"server did not start:\n{log_path.read_text()}")
             time.sleep(0.2)
-        yield url
+        yield Served(url, process.pid)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
@@ -128,6 +147,27 @@ def _ready(url: str) -> bool:
         return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the server `pid`'s main thread ("server": the event loop, which
+    does all of a request's work but decoding), of its other threads ("engine": the scheduler's
+    decoding thread and ONNX Runtime's pool threads, if any), and of this process ("client").
+    Empty where /proc cannot tell (not Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {"engine": 0.0, "server": 0.0}
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            # utime and stime: the 14th and 15th fields, the 12th and 13th after the command
+            # name (which may hold spaces)
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            seconds = (int(fields[11]) + int(fields[12])) / tick
+            found["server" if task.name == str(pid) else "engine"] += seconds
+    except OSError:
+        return {}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    found["client"] = usage.ru_utime + usage.ru_stime
+    return found
 
 
 def counters(url: str) -> dict[str, float]:
@@ -144,18 +184,27 @@ def payload(text: str, beam: int) -> dict:
     return {"text": text, "source_lang": "fr", "target_lang": "en", "beam_size": beam}
 
 
+def client_session(url: str, connections: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        url,
+        connector=aiohttp.TCPConnector(limit=connections),
+        timeout=aiohttp.ClientTimeout(total=300),
+    )
+
+
 async def translate_once(
-    client: httpx.AsyncClient, text: str, beam: int, latencies: list[float]
+    client: aiohttp.ClientSession, text: str, beam: int, latencies: list[float]
 ) -> bool:
     """One request; its latency goes to `latencies` if it was answered. True for a 200
     (False for another status, or a pooled connection the server just closed)."""
     started = time.perf_counter()
     try:
-        response = await client.post("/v1/translate", json=payload(text, beam))
-    except httpx.TransportError:
+        async with client.post("/v1/translate", json=payload(text, beam)) as response:
+            await response.read()
+    except aiohttp.ClientError:
         return False
     latencies.append(time.perf_counter() - started)
-    return response.status_code == 200
+    return response.status == 200
 
 
 async def closed_loop(
@@ -166,14 +215,13 @@ async def closed_loop(
     todo = iter(work)
     latencies: list[float] = []
     errors = 0
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
+    async def client_loop(client: aiohttp.ClientSession) -> None:
         nonlocal errors
         for text, beam in todo:
             errors += not await translate_once(client, text, beam, latencies)
 
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
+    async with client_session(url, clients) as client:
         started = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(clients)))
         return latencies, errors, time.perf_counter() - started
@@ -185,14 +233,13 @@ async def open_loop(
     """Send work[i] at arrivals[i] seconds from the start, whatever is still unanswered."""
     latencies: list[float] = []
     errors = 0
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
 
-    async def send(client: httpx.AsyncClient, at: float, text: str, beam: int) -> None:
+    async def send(client: aiohttp.ClientSession, at: float, text: str, beam: int) -> None:
         nonlocal errors
         await asyncio.sleep(max(0.0, at - (time.perf_counter() - started)))
         errors += not await translate_once(client, text, beam, latencies)
 
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as client:
+    async with client_session(url, 1000) as client:
         started = time.perf_counter()
         await asyncio.gather(
             *(send(client, at, text, beam) for at, (text, beam) in zip(arrivals, work, strict=True))
@@ -200,12 +247,15 @@ async def open_loop(
         return latencies, errors, time.perf_counter() - started
 
 
-def measure(run: Run, url: str, load: Coroutine) -> None:
+def measure(run: Run, served: Served, load: Coroutine) -> None:
     """Add one load (a coroutine, not started yet, giving latencies, errors and seconds) to
     `run`."""
-    before = counters(url)
+    url = served.url
+    before, cpu_before = counters(url), cpu_seconds(served.pid)
     latencies, errors, seconds = asyncio.run(load)
-    after = counters(url)
+    cpu_after, after = cpu_seconds(served.pid), counters(url)
+    for part, used in cpu_after.items():
+        run.cpu[part] = run.cpu.get(part, 0.0) + used - cpu_before[part]
     steps = after["nmt_decode_steps_total"] - before["nmt_decode_steps_total"]
     tokens = after["nmt_output_tokens_total"] - before["nmt_output_tokens_total"]
     run.requests += len(latencies)
@@ -250,10 +300,12 @@ def _default(name: str):
 
 def _row(run: Run, extra: str = "") -> str:
     errors = f" ({run.errors} errors)" if run.errors else ""
+    parts = ("engine", "server", "client")
+    cpu = " / ".join(f"{run.cpu_ms_per_request(part):.1f}" for part in parts)
     return (
         f"| {run.label} | {run.batching} | {run.requests}{errors} | {run.throughput:.1f} | "
         f"{run.percentile(0.5) * 1000:.0f} | {run.percentile(0.95) * 1000:.0f} | "
-        f"{run.percentile(0.99) * 1000:.0f} | {run.occupancy:.1f} |{extra}"
+        f"{run.percentile(0.99) * 1000:.0f} | {run.occupancy:.1f} | {cpu} |{extra}"
     )
 
 
@@ -267,8 +319,11 @@ def report(
     command = ".venv/bin/python -m bench.service_bench"
     if sys.argv[1:]:
         command += " " + shlex.join(sys.argv[1:])
-    head = "| load | batching | requests | req/s | p50 ms | p95 ms | p99 ms | mean occupancy |"
-    rule = "|---|---|---:|---:|---:|---:|---:|---:|"
+    head = (
+        "| load | batching | requests | req/s | p50 ms | p95 ms | p99 ms | mean occupancy "
+        "| CPU ms/request: engine / server / client |"
+    )
+    rule = "|---|---|---:|---:|---:|---:|---:|---:|---:|"
     lines = [
         "## Service: continuous vs request-level batching",
         "",
@@ -284,6 +339,9 @@ def report(
         f"- requests: one sentence each, {setup['sentences']}; latency measured by the client; "
         "mean occupancy: sentences per decoder step, from the server's counters "
         "((output tokens + sentences) / decoder steps)",
+        "- CPU ms/request: CPU time per answered request of the server's engine thread "
+        "(decoding), of the rest of the server (event loop: HTTP, validation, tokenization) and "
+        "of the load generator (aiohttp clients), from /proc",
         "",
         "### Closed loop, greedy",
         "",
@@ -376,7 +434,7 @@ def main() -> None:
         model_dir = ensure_bundles(args.model_dir, stack)
         engine = engine_ceiling(model_dir, sentences, threads)
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmt-bench-logs-")))
-        urls = {
+        served = {
             name: stack.enter_context(
                 server(model_dir, log_dir, {"batching": name, "threads": threads})
             )
@@ -384,7 +442,7 @@ def main() -> None:
         }
         setup["model"] = ", ".join(
             f"{m['name']} ({m['precision']})"
-            for m in httpx.get(f"{urls[REQUEST]}/v1/models").json()["models"]
+            for m in httpx.get(f"{served[REQUEST].url}/v1/models").json()["models"]
         )
         # The load generator yields to the servers (started at our priority, and measured
         # against the engine alone at that priority), as it would on a machine of its own.
@@ -394,11 +452,11 @@ def main() -> None:
             count = max(args.min_requests, args.requests_per_client * clients)
             work = [(rng.choice(sentences), 1) for _ in range(count)]
             level = {name: Run(name, f"{clients} clients") for name in SERVERS}
-            for url in urls.values():  # warm the connections and the shapes
-                asyncio.run(closed_loop(url, work[: min(clients, 8)], clients))
+            for server_ in served.values():  # warm the connections and the shapes
+                asyncio.run(closed_loop(server_.url, work[: min(clients, 8)], clients))
             for half, name in enumerate(order):
                 part = work[: count // 2] if half < 2 else work[count // 2 :]
-                measure(level[name], urls[name], closed_loop(urls[name], part, clients))
+                measure(level[name], served[name], closed_loop(served[name].url, part, clients))
             for run in level.values():
                 closed.append(run)
                 print(
@@ -411,7 +469,7 @@ def main() -> None:
         capacity = {}
         for name in SERVERS:
             probe = Run(name, "capacity")
-            measure(probe, urls[name], closed_loop(urls[name], mix, 64))
+            measure(probe, served[name], closed_loop(served[name].url, mix, 64))
             capacity[name] = probe.throughput
         print(f"capacity on the mix: {capacity}", file=sys.stderr)
         for index, share in enumerate(float(x) for x in args.loads.split(",")):
@@ -425,7 +483,7 @@ def main() -> None:
             names = SERVERS if index % 2 == 0 else tuple(reversed(SERVERS))
             for name in names:
                 run = Run(name, f"{share:.0%} load")
-                measure(run, urls[name], open_loop(urls[name], work, arrivals))
+                measure(run, served[name], open_loop(served[name].url, work, arrivals))
                 opened.append(run)
                 print(
                     f"{run.label}, {name}: p99 {run.percentile(0.99) * 1000:.0f} ms",

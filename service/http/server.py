@@ -58,6 +58,8 @@ def serve(settings: Settings | None = None) -> int:
         port=settings.port,
         log_config=None,  # keep our JSON logging
         access_log=False,  # our middleware writes the access log
+        # loop and http stay "auto": uvloop and httptools (serving dependencies), or asyncio's
+        # own loop and h11 where a platform has no wheel for them.
         # The app answers what is still running at NMT_SHUTDOWN_TIMEOUT_SECONDS with a 503
         # itself (Lifecycle); uvicorn's own limit, which cuts requests off with no answer,
         # comes a little later, as a last resort.
