@@ -246,6 +246,21 @@ def test_waiting_sentences_join_together_when_enough_wait_or_enough_steps_passed
     run(test)
 
 
+def test_with_a_full_queue_sentences_join_when_enough_places_are_free_not_at_every_leave():
+    async def test():
+        h = Harness(max_sentences=4, join_ratio=0.5, join_max_steps=10)
+        # 4 running, ending at steps 2, 3, 4 and 9; 10 more waiting all along
+        h.submit("a", [sentence(1, steps=2), sentence(2, steps=3), sentence(3, steps=4)])
+        h.submit("b", [sentence(4, steps=9)])
+        h.submit("c", [sentence(n, steps=20) for n in range(5, 15)])
+        await h.turns(3)  # a/0 left after step 2: 1 place for 10 waiting, 1 < 0.5 x 3 running
+        assert h.steps[-1][1] == ["a/1", "a/2", "b/0"]
+        await h.turns(1)  # a/1 left after step 3: 2 places, 2 >= 0.5 x 2 running: both join
+        assert h.steps[-1][1] == ["a/2", "b/0", "c/0", "c/1"]
+
+    run(test)
+
+
 def test_the_running_batch_stays_within_its_sentence_and_token_limits():
     async def test():
         h = Harness(max_sentences=2, max_total_tokens=100)

@@ -9,9 +9,9 @@ One turn of the worker loop (`work_once`):
    room: at most `max_sentences` sentences and `max_total_tokens` reserved tokens (each
    sentence reserves its source plus the self-attention cache its rows may grow to);
    joining encodes them (one encoder call) and merges their keys/values into the batch.
-   A join copies the batch's caches, so they join together: once they are `join_ratio`
-   times the sentences running, or `join_max_steps` steps after the last join, or at once
-   into an empty batch;
+   A join copies the batch's caches, so they join together: once those that can join (as
+   many as wait, at most the free places) are `join_ratio` times the sentences running, or
+   `join_max_steps` steps after the last join, or at once into an empty batch;
 3. one running batch runs one decoder step: the one holding the oldest sentence (sentences of
    one beam size share steps; across beam sizes, first come first served, so a greedy
    sentence is not slowed by beam steps interleaved with its own, nor the reverse);
@@ -150,13 +150,17 @@ class ContinuousScheduler(Scheduler):
         for key, count in waiting.items():
             batch = self._batch(key)
             running = len(batch)
+            free = self.limits.max_sentences - running
+            # What counts is how many can join now, not how many wait: with a full queue and
+            # one free place, a join per leaver would copy the caches (and call the encoder
+            # for one sentence) at nearly every step.
             due = (
                 not running
-                or count >= self.limits.join_ratio * running
+                or min(count, free) >= self.limits.join_ratio * running
                 or self._steps_since_join.get(key, 0) >= self.limits.join_max_steps
             )
             rooms[key] = Room(
-                sentences=self.limits.max_sentences - running if due else 0,
+                sentences=free if due else 0,
                 tokens=self.limits.max_total_tokens - batch.reserved_tokens(),
                 empty=not running,
             )
