@@ -12,9 +12,14 @@ join and leave the running batch between decoder steps). Both get the same engin
   order (A, B, B, A), so that a change in background load hits both alike.
 * Open loop: Poisson arrivals at 50%, 70% and 90% of the measured capacity (the closed-loop
   throughput of the lower of the two at 64 clients on the same mix), the same arrival times
-  and requests for both servers: sentences of every length, half greedy and half beam 4.
-* The engine alone, in process, on the same sentences at batch 1 and 32 with the same threads:
-  the ceiling that batching in the service can reach.
+  and requests for both servers: sentences of every length, half greedy and half beam 4. The
+  arrivals are played in chunks of a few seconds, alternating between the servers in mirrored
+  order: near capacity, a machine that slows by a fifth for a minute (as this one does) would
+  otherwise overload whichever server ran then, and decide the p99.
+* The engine alone, on the same sentences at batch 1 and 32 with the same threads: the
+  ceiling that batching in the service can reach. It runs in a process of its own at the
+  servers' priority, before every closed-loop level and after the last; a level is compared
+  with the mean of the runs just before and after it.
 * Where the CPU goes, per request: the server's engine thread (decoding), the rest of the
   server (its event loop: HTTP, validation, tokenization), and the load generator, which shares
   the cores. Read from /proc on Linux, so that a gap to the engine alone can be told apart from
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import random
@@ -38,11 +44,12 @@ import resource
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -84,6 +91,7 @@ class Run:
     steps: float = 0.0  # decoder steps the server ran
     sentence_steps: float = 0.0  # sentences decoded at those steps, summed
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds: engine, server, client
+    ceiling: float = float("nan")  # the engine alone at batch 32 around this run, sentences/s
 
     @property
     def throughput(self) -> float:
@@ -247,6 +255,19 @@ async def open_loop(
         return latencies, errors, time.perf_counter() - started
 
 
+def chunks(
+    work: list[tuple[str, int]], arrivals: list[float], seconds: float
+) -> Iterator[tuple[list[tuple[str, int]], list[float]]]:
+    """The open loop's requests cut by arrival time into chunks `seconds` long, each chunk's
+    arrivals counted from its own start."""
+    chunk: dict[int, list[int]] = {}
+    for position, at in enumerate(arrivals):
+        chunk.setdefault(int(at // seconds), []).append(position)
+    for number in sorted(chunk):
+        start = number * seconds
+        yield [work[i] for i in chunk[number]], [arrivals[i] - start for i in chunk[number]]
+
+
 def measure(run: Run, served: Served, load: Coroutine) -> None:
     """Add one load (a coroutine, not started yet, giving latencies, errors and seconds) to
     `run`."""
@@ -267,8 +288,59 @@ def measure(run: Run, served: Served, load: Coroutine) -> None:
     run.sentence_steps += tokens + len(latencies)
 
 
-def engine_ceiling(model_dir: Path, sentences: list[str], threads: int) -> dict[int, float]:
-    """Greedy sentences per second of the engine alone at batch 1 and 32, with `threads`."""
+class EngineAlone:
+    """The engine alone in a process of its own (`--engine-worker`), started before the load
+    generator lowers its priority, so that it decodes at the servers' priority; `measure()`
+    asks it for one run."""
+
+    def __init__(self, model_dir: Path, sentences: list[str], threads: int) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.service_bench", "--engine-worker"],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        job = {"model_dir": str(model_dir), "sentences": sentences, "threads": threads}
+        self._ask(json.dumps(job))
+        self.runs: list[dict[int, float]] = []
+
+    def _ask(self, line: str) -> str:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise SystemExit("the engine-alone worker died")
+        return answer
+
+    def measure(self) -> dict[int, float]:
+        speeds = {int(batch): value for batch, value in json.loads(self._ask("run")).items()}
+        self.runs.append(speeds)
+        print(
+            f"engine alone: {speeds[1]:.1f} sentences/s at batch 1, {speeds[32]:.1f} at 32",
+            file=sys.stderr,
+        )
+        return speeds
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(60)
+
+
+def engine_worker() -> None:
+    """`--engine-worker`: a job (JSON) on the first line of stdin, then one run per line."""
+    job = json.loads(sys.stdin.readline())
+    ceiling = engine_ceiling(Path(job["model_dir"]), job["sentences"], job["threads"])
+    print("{}", flush=True)
+    for _ in sys.stdin:
+        print(json.dumps(ceiling()), flush=True)
+
+
+def engine_ceiling(
+    model_dir: Path, sentences: list[str], threads: int
+) -> Callable[[], dict[int, float]]:
+    """A function giving greedy sentences per second of the engine alone at batch 1 and 32,
+    with `threads` (batch 32: the median of three passes)."""
     from service.runtime.bundle import load_bundle
     from service.runtime.engine import EngineOptions
     from service.runtime.search import SearchOptions
@@ -280,16 +352,16 @@ def engine_ceiling(model_dir: Path, sentences: list[str], threads: int) -> dict[
     sources = translator.tokenizer.encode(sentences[:128])
     greedy = SearchOptions()
     translator.translate_ids(sources[:32], greedy, 32)  # warm-up
-    speeds = {}
-    for batch in (1, 32):
-        runs = []
-        for _ in range(3):
-            started = time.perf_counter()
-            translator.translate_ids(sources, greedy, batch)
-            runs.append(len(sources) / (time.perf_counter() - started))
-        speeds[batch] = sorted(runs)[1]  # the median of three
-        print(f"engine alone, batch {batch}: {speeds[batch]:.1f} sentences/s", file=sys.stderr)
-    return speeds
+
+    def speed(batch: int) -> float:
+        started = time.perf_counter()
+        translator.translate_ids(sources, greedy, batch)
+        return len(sources) / (time.perf_counter() - started)
+
+    def run() -> dict[int, float]:
+        return {1: speed(1), 32: statistics.median(speed(32) for _ in range(3))}
+
+    return run
 
 
 def _default(name: str):
@@ -312,7 +384,7 @@ def _row(run: Run, extra: str = "") -> str:
 def report(
     closed: list[Run],
     opened: list[Run],
-    engine: dict[int, float],
+    engine: list[dict[int, float]],
     capacity: dict[str, float],
     setup: dict[str, str],
 ) -> str:
@@ -351,16 +423,19 @@ def report(
         rule + "---:|",
     ]
     for run in closed:
-        lines.append(_row(run, f" {run.throughput / engine[32]:.0%} |"))
+        lines.append(_row(run, f" {run.throughput / run.ceiling:.0%} |"))
+    batch_1, batch_32 = ([f"{r[batch]:.1f}" for r in engine] for batch in (1, 32))
     lines += [
         "",
-        f"The engine alone (in process, no HTTP), greedy: {engine[1]:.1f} sentences/s at batch "
-        f"1, {engine[32]:.1f} at batch 32.",
+        "The engine alone (its own process, no HTTP), greedy, in sentences/s, before each level "
+        f"and after the last: {', '.join(batch_1)} at batch 1; {', '.join(batch_32)} at batch "
+        "32. Each level is compared with the mean of the runs just before and after it.",
         "",
         "### Open loop, half greedy and half beam 4",
         "",
         "Poisson arrivals at a share of the capacity, the same arrival times and requests for "
-        "both servers. Capacity: closed-loop requests/s at 64 clients on the same mix, "
+        f"both servers, played in chunks of {setup['chunk']} s that alternate between them "
+        "(mirrored). Capacity: closed-loop requests/s at 64 clients on the same mix, "
         f"{capacity[REQUEST]:.1f} request-level and {capacity[CONTINUOUS]:.1f} continuous; the "
         f"loads below are shares of the lower, {min(capacity.values()):.1f}.",
         "",
@@ -412,8 +487,18 @@ def main() -> None:
         default=10,
         help="niceness added to the load generator once the servers run (0: same priority)",
     )
+    parser.add_argument(
+        "--chunk-seconds",
+        type=float,
+        default=5.0,
+        help="open loop: the arrivals are played in chunks this long, alternating servers",
+    )
     parser.add_argument("--out", type=Path, default=REPORT)
+    parser.add_argument("--engine-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.engine_worker:
+        engine_worker()
+        return
 
     if args.sentences.is_file():
         sentences = args.sentences.read_text(encoding="utf-8").splitlines()[:500]
@@ -426,13 +511,15 @@ def main() -> None:
         "threads": str(threads),
         "sentences": source,
         "niceness": str(args.client_niceness),
+        "chunk": f"{args.chunk_seconds:g}",
     }
     rng = random.Random(30)
     closed: list[Run] = []
     opened: list[Run] = []
     with ExitStack() as stack:
         model_dir = ensure_bundles(args.model_dir, stack)
-        engine = engine_ceiling(model_dir, sentences, threads)
+        engine = EngineAlone(model_dir, sentences, threads)
+        stack.callback(engine.close)
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmt-bench-logs-")))
         served = {
             name: stack.enter_context(
@@ -448,6 +535,7 @@ def main() -> None:
         # against the engine alone at that priority), as it would on a machine of its own.
         os.nice(args.client_niceness)
         order = [*SERVERS, *reversed(SERVERS)]  # halves, mirrored
+        engine.measure()
         for clients in (int(c) for c in args.clients.split(",")):
             count = max(args.min_requests, args.requests_per_client * clients)
             work = [(rng.choice(sentences), 1) for _ in range(count)]
@@ -457,7 +545,9 @@ def main() -> None:
             for half, name in enumerate(order):
                 part = work[: count // 2] if half < 2 else work[count // 2 :]
                 measure(level[name], served[name], closed_loop(served[name].url, part, clients))
+            before, after = engine.runs[-1][32], engine.measure()[32]
             for run in level.values():
+                run.ceiling = (before + after) / 2
                 closed.append(run)
                 print(
                     f"{run.label}, {run.batching}: {run.throughput:.1f} req/s, p99 "
@@ -466,11 +556,11 @@ def main() -> None:
                 )
 
         mix = [(rng.choice(sentences), rng.choice(MIX)) for _ in range(384)]
-        capacity = {}
-        for name in SERVERS:
-            probe = Run(name, "capacity")
-            measure(probe, served[name], closed_loop(served[name].url, mix, 64))
-            capacity[name] = probe.throughput
+        probes = {name: Run(name, "capacity") for name in SERVERS}
+        for half, name in enumerate(order):
+            part = mix[: len(mix) // 2] if half < 2 else mix[len(mix) // 2 :]
+            measure(probes[name], served[name], closed_loop(served[name].url, part, 64))
+        capacity = {name: probe.throughput for name, probe in probes.items()}
         print(f"capacity on the mix: {capacity}", file=sys.stderr)
         for index, share in enumerate(float(x) for x in args.loads.split(",")):
             rate = share * min(capacity.values())
@@ -480,17 +570,22 @@ def main() -> None:
                 at += rng.expovariate(rate)
                 arrivals.append(at)
             work = [(rng.choice(sentences), rng.choice(MIX)) for _ in range(count)]
-            names = SERVERS if index % 2 == 0 else tuple(reversed(SERVERS))
-            for name in names:
-                run = Run(name, f"{share:.0%} load")
-                measure(run, served[name], open_loop(served[name].url, work, arrivals))
+            level = {name: Run(name, f"{share:.0%} load") for name in SERVERS}
+            for chunk, (chunk_work, chunk_arrivals) in enumerate(
+                chunks(work, arrivals, args.chunk_seconds)
+            ):
+                names = SERVERS if (chunk + index) % 2 == 0 else tuple(reversed(SERVERS))
+                for name in names:
+                    load = open_loop(served[name].url, chunk_work, chunk_arrivals)
+                    measure(level[name], served[name], load)
+            for run in level.values():
                 opened.append(run)
                 print(
-                    f"{run.label}, {name}: p99 {run.percentile(0.99) * 1000:.0f} ms",
+                    f"{run.label}, {run.batching}: p99 {run.percentile(0.99) * 1000:.0f} ms",
                     file=sys.stderr,
                 )
     opened.sort(key=lambda run: (run.label, SERVERS.index(run.batching)))
-    text = report(closed, opened, engine, capacity, setup)
+    text = report(closed, opened, engine.runs, capacity, setup)
     replace_section("service", text, args.out)
     print(text)
 
