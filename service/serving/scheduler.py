@@ -111,9 +111,10 @@ class BatchLimits:
     # source + beams * length limit (TGI's max-batch-total-tokens).
     max_total_tokens: int = 16384
     # Continuous batching: joining costs a copy of the batch's caches, so sentences join a
-    # running batch together, when as many wait as join_ratio x those running, or once
-    # join_max_steps steps have passed since the last join (TGI's waiting_served_ratio and
-    # max_waiting_tokens). An empty batch takes them at once.
+    # running batch together, when as many can join (waiting, at most the free places) as
+    # join_ratio x those running, or once join_max_steps steps have passed since the last
+    # join (TGI's waiting_served_ratio and max_waiting_tokens). An empty batch takes them at
+    # once.
     join_ratio: float = 0.3
     join_max_steps: int = 6
     max_queued: int = 1024  # sentences waiting (not counting the batch being decoded)

@@ -147,7 +147,8 @@ class Settings(BaseSettings):
         0.3,
         ge=0,
         description="continuous batching: waiting sentences join a running batch together, "
-        "once they are this many times the sentences running (TGI's waiting_served_ratio) ...",
+        "once those that can join (waiting, at most the free places) are this many times the "
+        "sentences running (TGI's waiting_served_ratio) ...",
     )
     join_max_steps: int = Field(
         6,
