@@ -23,6 +23,7 @@ from service.serving.scheduler import BatchLimits, BatchQueue, Job, Room, Senten
 GREEDY = SearchOptions(beam_size=1)
 BEAM = SearchOptions(beam_size=2)
 POISON = -1  # a step with this token in a source fails, as the engine fails on a bad input
+UNENCODABLE = -2  # encoding a source with this token fails
 FAR = 1e9  # a deadline that never comes
 
 
@@ -41,11 +42,12 @@ class FakeBatch:
     at every step, reserves len(source) * (1 + beams) tokens a sentence, and fails a step while
     it holds POISON."""
 
-    def __init__(self, beams: int, log: list) -> None:
+    def __init__(self, beams: int, log: list, encoded: list) -> None:
         self.beams = beams
         self.sentences: list[Sentence] = []
         self.done_steps: dict[int, int] = {}  # id(sentence) -> steps taken
         self.log = log  # (beams, [ticket labels at this step]) per step, shared by all batches
+        self.encoded = encoded  # the labels of each encode() call, shared by all batches
 
     def __len__(self) -> int:
         return len(self.sentences)
@@ -60,7 +62,20 @@ class FakeBatch:
     def reserved_tokens(self) -> int:
         return sum(self.cost_of(s) for s in self.sentences)
 
-    def join(self, sentences: list[Sentence]) -> None:
+    def encode(self, sentences: list[Sentence]) -> list[Sentence]:
+        if any(UNENCODABLE in s.source for s in sentences):
+            raise RuntimeError("the encoder failed on this input")
+        self.encoded.append([label(s) for s in sentences])
+        return list(sentences)  # what a real batch's joining state would hold: these sources
+
+    def encode_each(self, sentences: list[Sentence]) -> list[list[Sentence]]:
+        return [[s] for s in self.encode(sentences)]
+
+    def join(self, sentences: list[Sentence], encoded: list | None = None) -> None:
+        if encoded is None:
+            encoded = [self.encode(sentences)]
+        # each sentence encoded once, in the order given
+        assert [s.ticket for part in encoded for s in part] == [s.ticket for s in sentences]
         self.sentences += sentences
         for s in sentences:
             self.done_steps[id(s)] = 0
@@ -102,11 +117,12 @@ class Harness:
     def __init__(self, **limits) -> None:
         limits = {"join_ratio": 0.0, "join_max_steps": 0, **limits}  # join at every step
         self.steps: list[tuple[int, list[str]]] = []
+        self.encoded: list[list[str]] = []  # each encode() call's sentences, ahead or at a join
         self.clock = FakeClock()
         self.metrics = Metrics()
         self.scheduler = ContinuousScheduler(
             "fr-en",
-            lambda beams: FakeBatch(beams, self.steps),
+            lambda beams: FakeBatch(beams, self.steps, self.encoded),
             BatchLimits(**limits),
             self.metrics,
             clock=self.clock,
@@ -257,6 +273,62 @@ def test_with_a_full_queue_sentences_join_when_enough_places_are_free_not_at_eve
         assert h.steps[-1][1] == ["a/1", "a/2", "b/0"]
         await h.turns(1)  # a/1 left after step 3: 2 places, 2 >= 0.5 x 2 running: both join
         assert h.steps[-1][1] == ["a/2", "b/0", "c/0", "c/1"]
+
+    run(test)
+
+
+def test_sentences_encoded_ahead_join_without_being_encoded_again():
+    async def test():
+        h = Harness()
+        a = h.submit("a", [sentence(1), sentence(2)])
+        assert h.scheduler.encode_once()  # both, in one call
+        b = h.submit("b", [sentence(3)])
+        await h.turns(1)  # all three join: two already encoded, the third now
+        assert h.encoded == [["a/0", "a/1"], ["b/0"]]
+        assert sorted(h.steps[0][1]) == ["a/0", "a/1", "b/0"]
+        await h.turns(2)
+        assert a.future.result() == [answer(sentence(1)), answer(sentence(2))]
+        assert b.future.result() == [answer(sentence(3))]
+
+    run(test)
+
+
+def test_encoding_ahead_groups_a_few_sentences_of_one_beam_size_oldest_first():
+    async def test():
+        h = Harness()
+        h.submit("a", [sentence(1)])
+        h.submit("b", [sentence(2)], options=BEAM)
+        h.submit("c", [sentence(n) for n in range(3, 9)])
+        while h.scheduler.encode_once():
+            pass
+        assert h.encoded == [["a/0", "c/0", "c/1", "c/2"], ["b/0"], ["c/3", "c/4", "c/5"]]
+
+    run(test)
+
+
+def test_encoding_ahead_stops_max_sentences_ahead_of_the_joins():
+    async def test():
+        h = Harness(max_sentences=2)
+        h.submit("a", [sentence(n) for n in range(1, 6)])
+        assert [h.scheduler.encode_once() for _ in range(2)] == [True, False]
+        await h.turns(1)  # two join: room to encode two more
+        assert [h.scheduler.encode_once() for _ in range(2)] == [True, False]
+        assert h.encoded == [["a/0", "a/1"], ["a/2", "a/3"]]
+
+    run(test)
+
+
+def test_a_sentence_that_fails_to_encode_ahead_fails_only_its_own_request():
+    async def test():
+        h = Harness()
+        first = h.submit("first", [sentence(1, steps=3)])
+        culprit = h.submit("culprit", [sentence(2), [5, UNENCODABLE, 2]])
+        while h.scheduler.encode_once():  # the failure is kept until the join
+            pass
+        await h.turns(3)
+        assert first.future.result() == [answer(sentence(1, 3))]
+        error = culprit.future.exception()
+        assert isinstance(error, SentenceFailed) and error.index == 1
 
     run(test)
 

@@ -60,7 +60,12 @@ def same(found: list, expected: list) -> bool:
     return True
 
 
-def test_sentences_joining_at_steps_5_10_and_20_decode_as_they_do_alone(translator: Translator):
+@pytest.mark.parametrize("ahead", [False, True], ids=["encoded-at-join", "one-encoded-ahead"])
+def test_sentences_joining_at_steps_5_10_and_20_decode_as_they_do_alone(
+    translator: Translator, ahead: bool
+):
+    """With `ahead`, one sentence of each arriving pair is encoded ahead (alone, as the
+    encoder thread does), the other when it joins: both are merged into one join."""
     sources = translator.tokenizer.encode(FRENCH_SENTENCES)
     arrivals = {0: [0, 1], 5: [2, 3], 10: [4, 5], 20: [6, 7]}  # turn -> sentences
 
@@ -76,6 +81,8 @@ def test_sentences_joining_at_steps_5_10_and_20_decode_as_they_do_alone(translat
             for index in arrivals.get(turn, []):
                 options = MIXED[index % len(MIXED)]
                 jobs[index] = scheduler.submit([sources[index]], options, later)
+            if ahead:
+                scheduler.encode_once()
             if not scheduler.work_once() and turn > max(arrivals):
                 break
         await asyncio.sleep(0)
@@ -87,8 +94,12 @@ def test_sentences_joining_at_steps_5_10_and_20_decode_as_they_do_alone(translat
         assert same(hypotheses, alone(translator, sources[index], MIXED[index % len(MIXED)]))
 
 
-def test_a_sentence_the_engine_fails_on_fails_only_its_own_request(translator: Translator):
-    """A source longer than the model's positions makes ONNX Runtime fail when it joins."""
+@pytest.mark.parametrize("ahead", [False, True], ids=["encoded-at-join", "encoded-ahead"])
+def test_a_sentence_the_engine_fails_on_fails_only_its_own_request(
+    translator: Translator, ahead: bool
+):
+    """A source longer than the model's positions makes ONNX Runtime fail when it is encoded:
+    when it joins, or ahead (the failure is kept until its join)."""
     good = translator.tokenizer.encode(FRENCH_SENTENCES[:3])
     positions = translator.bundle.dims["max_positions"]
     too_long = translator.tokenizer.encode(["un chien noir " * positions])[0][: positions + 50]
@@ -101,6 +112,8 @@ def test_a_sentence_the_engine_fails_on_fails_only_its_own_request(translator: T
         scheduler.work_once()  # first is running when the culprit joins
         culprit = scheduler.submit([good[1], too_long], options, later)
         last = scheduler.submit(good[2:3], options, later)
+        while ahead and scheduler.encode_once():
+            pass
         while scheduler.work_once():
             pass
         await asyncio.sleep(0)

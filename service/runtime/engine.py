@@ -18,6 +18,7 @@ shared by the K rows (beams) of that sentence; they only move when sentences lea
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -133,47 +134,68 @@ class DecoderState:
             for cache in self.cross
         ]
 
-    def extend(self, joining: DecoderState) -> None:
-        """Append another state's sources and rows (sentences joining a running batch) after
-        ours, with the same rows per source. Sources are right-padded to the wider of the two
+    def per_source(self) -> list[DecoderState]:
+        """One state per source (views, no copy), for sources encoded together that may join
+        at different times. Only for a state that has not stepped yet."""
+        if self.past_mask.shape[1]:
+            raise ValueError("only a state that has not stepped yet can be split")
+        rows = self.rows // self.sources
+        return [
+            DecoderState(
+                cross=[layer[k : k + 1] for layer in self.cross],
+                source_mask=self.source_mask[k : k + 1],
+                past=[cache[k * rows : (k + 1) * rows] for cache in self.past],
+                past_mask=self.past_mask[k * rows : (k + 1) * rows],
+                positions=self.positions[k * rows : (k + 1) * rows],
+                prefix=self.prefix[k * rows : (k + 1) * rows],
+                vocabulary=self.vocabulary,  # the candidates of all: a superset is harmless
+            )
+            for k in range(self.sources)
+        ]
+
+    def extend(self, *joining: DecoderState) -> None:
+        """Append other states' sources and rows (sentences joining a running batch) after
+        ours, in order, with the same rows per source. Sources are right-padded to the widest
         (padding masked out of cross-attention), self-attention caches left-padded to the
-        longer (masked out by past_mask): each row keeps its own real positions. Each array
+        longest (masked out by past_mask): each row keeps its own real positions. Each array
         is copied once, into its new place."""
-        width = max(self.source_mask.shape[1], joining.source_mask.shape[1])
-        length = max(self.past_mask.shape[1], joining.past_mask.shape[1])
-        self.source_mask = _stacked(self.source_mask, joining.source_mask, axis=1, size=width)
+        states = [self, *joining]
+        width = max(state.source_mask.shape[1] for state in states)
+        length = max(state.past_mask.shape[1] for state in states)
+        self.source_mask = _stacked([state.source_mask for state in states], axis=1, size=width)
         self.cross = [
-            _stacked(a, b, axis=2, size=width)
-            for a, b in zip(self.cross, joining.cross, strict=True)
+            _stacked(list(layer), axis=2, size=width)
+            for layer in zip(*(state.cross for state in states), strict=True)
         ]
-        self.past_mask = _stacked(self.past_mask, joining.past_mask, 1, length, left=True)
+        self.past_mask = _stacked([state.past_mask for state in states], 1, length, left=True)
         self.past = [
-            _stacked(a, b, axis=2, size=length, left=True)
-            for a, b in zip(self.past, joining.past, strict=True)
+            _stacked(list(layer), axis=2, size=length, left=True)
+            for layer in zip(*(state.past for state in states), strict=True)
         ]
-        self.positions = np.concatenate([self.positions, joining.positions])
-        if self.vocabulary is not None and joining.vocabulary is not None:
-            # The candidates of both (those of sentences that left stay: a superset is harmless)
-            self.vocabulary = np.union1d(self.vocabulary, joining.vocabulary)
+        self.positions = np.concatenate([state.positions for state in states])
+        vocabularies = [state.vocabulary for state in states]
+        if all(vocabulary is not None for vocabulary in vocabularies):
+            # The candidates of all (those of sentences that left stay: a superset is harmless)
+            self.vocabulary = functools.reduce(np.union1d, vocabularies)
             self.projection = None
-        if self.prefix.shape[1] or joining.prefix.shape[1]:
+        if any(state.prefix.shape[1] for state in states):
             raise ValueError("the no-cache decoder (benchmarks only) cannot join rows midway")
         self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
 
 
-def _stacked(
-    first: np.ndarray, second: np.ndarray, axis: int, size: int, left: bool = False
-) -> np.ndarray:
-    """first and second one after the other along axis 0, each zero-padded (False for masks)
-    along `axis` to `size`, at its end or its start: one new array, each input copied once."""
-    shape = list(first.shape)
-    shape[0], shape[axis] = len(first) + len(second), size
-    out = np.zeros(shape, dtype=first.dtype)
-    for rows, part in ((slice(0, len(first)), first), (slice(len(first), None), second)):
+def _stacked(parts: list[np.ndarray], axis: int, size: int, left: bool = False) -> np.ndarray:
+    """The parts one after the other along axis 0, each zero-padded (False for masks) along
+    `axis` to `size`, at its end or its start: one new array, each part copied once."""
+    shape = list(parts[0].shape)
+    shape[0], shape[axis] = sum(len(part) for part in parts), size
+    out = np.zeros(shape, dtype=parts[0].dtype)
+    start = 0
+    for part in parts:
         width = part.shape[axis]
-        place = [rows] + [slice(None)] * (part.ndim - 1)
+        place = [slice(start, start + len(part))] + [slice(None)] * (part.ndim - 1)
         place[axis] = slice(size - width, size) if left else slice(0, width)
         out[tuple(place)] = part
+        start += len(part)
     return out
 
 

@@ -190,11 +190,20 @@ class RunningBatch(ABC):
 
     # Joining.
 
-    def join(self, sentences: list[Sentence]) -> None:
-        """Encode new sentences and merge them into the batch; they take part from the next
-        step on. Every source must end in </s>."""
-        if not sentences:
-            return
+    def encode(self, sentences: list[Sentence]) -> DecoderState:
+        """The joining state of `sentences` (one encoder call; their cross-attention keys and
+        values, empty caches, K rows each). Reads only the engine: another thread may call it
+        while this batch steps (continuous batching encodes queued sentences ahead)."""
+        self._check(sentences)
+        source_ids, source_mask = pad_sources([s.source for s in sentences], self.engine.pad_id)
+        return self.engine.start(source_ids, source_mask, rows_per_source=self.beams)
+
+    def encode_each(self, sentences: list[Sentence]) -> list[DecoderState]:
+        """Like encode (one encoder call), but a joining state per sentence, so that each
+        may join on its own."""
+        return self.encode(sentences).per_source()
+
+    def _check(self, sentences: list[Sentence]) -> None:
         for sentence in sentences:
             layer, layers = sentence.options.alignment_layer, self.engine.layers
             if sentence.options.alignment and not -layers <= layer < layers:
@@ -205,16 +214,27 @@ class RunningBatch(ABC):
                 raise ValueError(
                     f"beam size {sentence.options.beam_size} in a batch of {self.beams}"
                 )
-        source_ids, source_mask = pad_sources([s.source for s in sentences], self.engine.pad_id)
-        joining = self.engine.start(source_ids, source_mask, rows_per_source=self.beams)
+
+    def join(self, sentences: list[Sentence], encoded: list[DecoderState] | None = None) -> None:
+        """Merge new sentences into the batch; they take part from the next step on. Every
+        source must end in </s>. `encoded`: their joining states from `encode`, in the same
+        order (each of one or more sentences), or None to encode them here."""
+        if not sentences:
+            return
+        self._check(sentences)
+        parts = encoded if encoded is not None else [self.encode(sentences)]
+        if sum(part.sources for part in parts) != len(sentences):
+            raise ValueError(f"encoded sources do not match the {len(sentences)} sentences")
         new_rows = len(sentences) * self.beams
         if self.state is None or not self.sentences:
-            self.state = joining
+            self.state = parts[0]
+            if len(parts) > 1:
+                self.state.extend(*parts[1:])
             self.sequences = np.zeros((new_rows, 0), dtype=np.int64)
             self.feed = np.zeros(0, dtype=np.int64)
             self.history = None
         else:
-            self.state.extend(joining)
+            self.state.extend(*parts)  # every cache copied once, the batch's and the new ones
             padding = np.full((new_rows, self.sequences.shape[1]), PADDING, dtype=np.int64)
             self.sequences = np.concatenate([self.sequences, padding])
         self.feed = np.concatenate([self.feed, np.full(new_rows, self.engine.start_id)])

@@ -17,6 +17,14 @@ One turn of the worker loop (`work_once`):
    sentence is not slowed by beam steps interleaved with its own, nor the reverse);
 4. sentences that ended leave it; their requests are answered when complete.
 
+Encoding ahead (`encode_ahead`, the default): a second thread encodes queued sentences, oldest
+first, a few of one beam size per encoder call, while the running batch decodes; joining then only
+merges their keys/values and empty caches in. The encoder is a quarter of a greedy
+sentence's cost, and on a CPU the decoder's steps gain little from a second intra-op thread
+(small matmuls), so the encoder is better off on a core of its own. It stays at most
+`max_sentences` encoded sentences ahead of the joins (bounded memory); a sentence that joins
+before it was encoded is encoded by the decoding thread, as without it.
+
 The running batches are `RunningBatch`es (service/runtime/running_batch.py) made by a factory,
 so tests drive this loop with a fake that needs no model: the protocol is `DecodingBatch`.
 
@@ -27,6 +35,7 @@ are decoded again one by one, so that only the culprit's request fails.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Hashable
 from typing import Protocol
@@ -44,6 +53,10 @@ from service.serving.scheduler import (
 
 log = logging.getLogger("nmt.scheduler")
 
+# Sentences encoded ahead in one encoder call: fewer calls, little padding (measured: 2.5 ms a
+# sentence alone, 2.5 in random groups of 6, 3.1 in random groups of 32, fp32, one thread).
+ENCODE_GROUP = 4
+
 
 class DecodingBatch(Protocol):
     """What the scheduler needs of a running batch (service.runtime.running_batch)."""
@@ -59,7 +72,11 @@ class DecodingBatch(Protocol):
 
     def cost_of(self, sentence: Sentence) -> int: ...
 
-    def join(self, sentences: list[Sentence]) -> None: ...
+    def encode(self, sentences: list[Sentence]) -> object: ...
+
+    def encode_each(self, sentences: list[Sentence]) -> list: ...
+
+    def join(self, sentences: list[Sentence], encoded: list | None = None) -> None: ...
 
     def step(self) -> list[Finished]: ...
 
@@ -87,11 +104,28 @@ class ContinuousScheduler(Scheduler):
         limits: BatchLimits,
         observer: BatchObserver | None = None,
         clock: Clock = time.monotonic,
+        encode_ahead: bool = True,
     ) -> None:
         super().__init__(model, limits, observer, clock)
         self._new_batch = new_batch
         self._batches: dict[Hashable, DecodingBatch] = {}  # by beam size; worker thread only
         self._steps_since_join: dict[Hashable, int] = {}
+        self._encoders: dict[Hashable, DecodingBatch] = {}  # by beam size; encoder thread only
+        self._encoder_thread = (
+            threading.Thread(target=self._encode_ahead, name=f"nmt-encode-{model}", daemon=True)
+            if encode_ahead
+            else None
+        )
+
+    def start(self) -> None:
+        super().start()
+        if self._encoder_thread is not None:
+            self._encoder_thread.start()
+
+    def close(self, timeout: float | None = None) -> None:
+        super().close(timeout)
+        if self._encoder_thread is not None and self._encoder_thread.is_alive():
+            self._encoder_thread.join(timeout)
 
     @property
     def running(self) -> int:
@@ -116,6 +150,55 @@ class ContinuousScheduler(Scheduler):
                     return False
                 self._lock.wait()
             return True
+
+    # Encoder-thread side.
+
+    def _encode_ahead(self) -> None:
+        while True:
+            with self._lock:
+                while not (items := self._next_to_encode()):
+                    if self._closing:
+                        return
+                    self._lock.wait()
+            self.encode_once(items)
+
+    def _next_to_encode(self) -> list[QueuedSentence]:
+        """The oldest queued sentences not encoded yet, of the beam size of the oldest one, at
+        most ENCODE_AHEAD_GROUP and no more than `max_sentences` ahead of the joins (counting
+        those encoded and waiting). Under the lock."""
+        items: list[QueuedSentence] = []
+        ready = 0
+        for item in self._queue.items:
+            if ready + len(items) >= self.limits.max_sentences or len(items) >= ENCODE_GROUP:
+                break
+            if item.encoded is not None or item.encoding:
+                ready += 1
+            elif not item.job.closed and (not items or _key(item) == _key(items[0])):
+                items.append(item)
+        return items
+
+    def encode_once(self, items: list[QueuedSentence] | None = None) -> bool:
+        """Encode queued sentences ahead of their join (`items`, or the next ones; one encoder
+        call); False if there were none. Called by the encoder thread, or by tests directly."""
+        with self._lock:
+            items = items or self._next_to_encode()
+            if not items:
+                return False
+            for item in items:
+                item.encoding = True
+        key = _key(items[0])
+        encoder = self._encoders.get(key) or self._encoders.setdefault(key, self._new_batch(key))
+        try:
+            encoded: list[object] = encoder.encode_each([_sentence(item) for item in items])
+        except Exception as error:  # their join fails on it and decodes its sentences alone
+            encoded = [error] * len(items)
+        with self._lock:
+            for item, state in zip(items, encoded, strict=True):
+                item.encoding, item.encoded = False, state
+            self._lock.notify_all()  # a join may be waiting for them
+        return True
+
+    # Worker-thread side, continued.
 
     def work_once(self) -> bool:
         """One turn of the loop (see the module's docstring); False if there was nothing to
@@ -189,7 +272,23 @@ class ContinuousScheduler(Scheduler):
             return
         started = self.clock()
         try:
-            self._batch(key).join([_sentence(item) for item in items])
+            with self._lock:  # a sentence being encoded ahead: its encoding is nearly done
+                while any(item.encoding for item in items):
+                    self._lock.wait()
+            ready = [item for item in items if item.encoded is not None]
+            for item in ready:
+                if isinstance(item.encoded, Exception):
+                    raise item.encoded
+            rest = [item for item in items if item.encoded is None]
+            items = ready + rest  # the order of rows in the batch does not matter
+            batch = self._batch(key)
+            sentences = [_sentence(item) for item in items]
+            encoded = [item.encoded for item in ready]
+            if rest:
+                encoded.append(batch.encode(sentences[len(ready) :]))
+            for item in ready:
+                item.encoded = None  # its arrays are copied into the batch's
+            batch.join(sentences, encoded)
         except Exception as error:
             log.warning("joining %d sentences failed (%s); decoding them alone", len(items), error)
             self._isolate(key, items)

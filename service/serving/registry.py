@@ -158,7 +158,13 @@ class ModelRegistry:
             def new_batch(beam_size: int) -> RunningBatch:
                 return running_batch(translator.engine, beam_size)
 
-            scheduler = ContinuousScheduler(bundle.name, new_batch, limits, self.metrics)
+            scheduler = ContinuousScheduler(
+                bundle.name,
+                new_batch,
+                limits,
+                self.metrics,
+                encode_ahead=settings.encode_ahead,
+            )
         else:
             scheduler = BatchScheduler(bundle.name, run_batch, limits, self.metrics)
         scheduler.start()

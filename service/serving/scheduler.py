@@ -180,6 +180,10 @@ class QueuedSentence:
     index: int
     enqueued: float
     tokens: int = field(init=False)
+    # Continuous batching encodes queued sentences ahead, on a thread of its own: while that
+    # runs `encoding` is True, then `encoded` holds the joining state (or the exception).
+    encoding: bool = field(default=False, init=False)
+    encoded: object = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.tokens = len(self.job.sources[self.index])
@@ -325,7 +329,7 @@ class Scheduler:
                 raise ShuttingDown("the server is shutting down: no new work is accepted")
             self._queue.add(job, now)
             self._report_depth()
-            self._lock.notify()
+            self._lock.notify_all()  # the worker, and an encoder thread if any
         return job
 
     def cancel(self, job: Job, reason: str) -> None:
@@ -339,7 +343,7 @@ class Scheduler:
         """Refuse new work, finish what is queued, then stop the worker."""
         with self._lock:
             self._closing = True
-            self._lock.notify()
+            self._lock.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
 

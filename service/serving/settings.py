@@ -156,6 +156,12 @@ class Settings(BaseSettings):
         description="... or once this many decoder steps have passed since the last join "
         "(TGI's max_waiting_tokens); an empty batch takes them at once; 0 and 0: every step",
     )
+    encode_ahead: bool = Field(
+        True,
+        description="continuous batching: a thread of its own encodes queued sentences while "
+        "the running batch decodes (one more busy thread, on a core the decoder's threads "
+        "would use poorly); false: the decoding thread encodes them when they join",
+    )
     max_batch_tokens: int = Field(
         4096,
         gt=0,
