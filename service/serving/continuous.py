@@ -187,9 +187,12 @@ class ContinuousScheduler(Scheduler):
             for item in items:
                 item.encoding = True
         key = _key(items[0])
-        encoder = self._encoders.get(key) or self._encoders.setdefault(key, self._new_batch(key))
-        try:
-            encoded: list[object] = encoder.encode_each([_sentence(item) for item in items])
+        try:  # whatever happens, the items leave the `encoding` state: a join may wait for them
+            if key not in self._encoders:
+                self._encoders[key] = self._new_batch(key)
+            encoded: list[object] = self._encoders[key].encode_each(
+                [_sentence(item) for item in items]
+            )
         except Exception as error:  # their join fails on it and decodes its sentences alone
             encoded = [error] * len(items)
         with self._lock:
