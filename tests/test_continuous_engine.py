@@ -10,11 +10,12 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from service.runtime.bundle import load_bundle
-from service.runtime.engine import EngineOptions
-from service.runtime.running_batch import running_batch
+from service.runtime.engine import Engine, EngineOptions
+from service.runtime.running_batch import pad_sources, running_batch
 from service.runtime.search import SearchOptions, search
 from service.runtime.translator import Translator
 from service.serving.continuous import ContinuousScheduler
@@ -162,3 +163,19 @@ def test_test_2016_as_concurrent_requests_with_random_arrivals_and_mixed_options
             if not same(hypotheses, alone(translator, sources[index], options)):
                 differ.append(index)
     assert differ == []
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_encoding_ahead_runs_on_one_thread_and_encodes_the_same(
+    translator: Translator, fr_en_bundle: Path, threads: int
+):
+    """The encoder thread's session has one intra-op thread (the encoder's own when the
+    engine has one; a second session otherwise), and its keys/values are the same."""
+    engine = Engine(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=threads))
+    ids, mask = pad_sources(translator.tokenizer.encode(FRENCH_SENTENCES[:3]), engine.pad_id)
+    here, ahead = engine.start(ids, mask), engine.start(ids, mask, ahead=True)
+    session = engine._ahead_session()
+    assert session.get_session_options().intra_op_num_threads == 1
+    assert (session is engine.encoder) == (threads == 1)
+    for a, b in zip(here.cross, ahead.cross, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)

@@ -232,6 +232,7 @@ class Engine:
         # not spin then, or they take the cores the decoder's threads need.
         encoder_options = dataclasses.replace(self.options, spinning=False)
         self.encoder = _session(bundle.graph("encoder", self.options.int8), encoder_options)
+        self._ahead_encoder: ort.InferenceSession | None = None
         role = "decoder" if self.options.use_cache else "decoder_nocache"
         self.shortlist: Shortlist | None = None
         if self.options.shortlist:
@@ -268,11 +269,19 @@ class Engine:
             )
 
     def start(
-        self, source_ids: np.ndarray, source_mask: np.ndarray, rows_per_source: int = 1
+        self,
+        source_ids: np.ndarray,
+        source_mask: np.ndarray,
+        rows_per_source: int = 1,
+        ahead: bool = False,
     ) -> DecoderState:
         """Encode a batch: source_ids [sources, S] int64, source_mask [sources, S] bool.
-        Decoding then runs rows_per_source rows (beams) for every source."""
-        cross = self.encoder.run(
+        Decoding then runs rows_per_source rows (beams) for every source. `ahead`: on a thread
+        of its own while the decoder runs (continuous batching's encoder thread), with one
+        intra-op thread, so that encoder and decoder together take one thread more than the
+        decoder alone, whatever NMT_THREADS is."""
+        session = self._ahead_session() if ahead else self.encoder
+        cross = session.run(
             self.cross_names, {"source_ids": source_ids, "source_mask": source_mask}
         )
         rows = source_ids.shape[0] * rows_per_source
@@ -289,6 +298,16 @@ class Engine:
             prefix=np.zeros((rows, 0), dtype=np.int64),
             vocabulary=vocabulary,
         )
+
+    def _ahead_session(self) -> ort.InferenceSession:
+        """The encoder session for encoding ahead: the encoder's own with one thread, else a
+        second one with a single thread (made at first use; its weights once more in memory)."""
+        if self.options.intra_op_threads == 1:
+            return self.encoder
+        if self._ahead_encoder is None:
+            single = dataclasses.replace(self.options, intra_op_threads=1, spinning=False)
+            self._ahead_encoder = _session(self.bundle.graph("encoder", self.options.int8), single)
+        return self._ahead_encoder
 
     def step(
         self,

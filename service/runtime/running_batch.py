@@ -200,8 +200,11 @@ class RunningBatch(ABC):
 
     def encode_each(self, sentences: list[Sentence]) -> list[DecoderState]:
         """Like encode (one encoder call), but a joining state per sentence, so that each
-        may join on its own."""
-        return self.encode(sentences).per_source()
+        may join on its own; for encoding ahead, on the engine's single-thread encoder."""
+        self._check(sentences)
+        source_ids, source_mask = pad_sources([s.source for s in sentences], self.engine.pad_id)
+        joining = self.engine.start(source_ids, source_mask, rows_per_source=self.beams, ahead=True)
+        return joining.per_source()
 
     def _check(self, sentences: list[Sentence]) -> None:
         for sentence in sentences:
