@@ -45,6 +45,7 @@ def test_settings_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch)
         ("NMT_MAX_BATCH_SIZE", "0", "greater than 0"),
         ("NMT_PORT", "70000", "less than or equal to 65535"),
         ("NMT_DEFAULT_BEAM_SIZE", "12", "NMT_MAX_BEAM_SIZE=8"),
+        ("NMT_ENCODE_AHEAD", "yes", "'auto', 'true' or 'false'"),
     ],
 )
 def test_bad_settings_are_refused_clearly(
@@ -53,3 +54,13 @@ def test_bad_settings_are_refused_clearly(
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValidationError, match=words):
         Settings()
+
+
+@pytest.mark.parametrize(
+    ("threads", "told", "on"),
+    [(1, "auto", True), (2, "auto", False), (2, "true", True), (1, "false", False)],
+)
+def test_encoding_ahead_is_on_by_default_only_with_one_engine_thread(
+    threads: int, told: str, on: bool
+):
+    assert Settings(threads=threads, encode_ahead=told).encodes_ahead is on

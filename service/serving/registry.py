@@ -163,7 +163,7 @@ class ModelRegistry:
                 new_batch,
                 limits,
                 self.metrics,
-                encode_ahead=settings.encode_ahead,
+                encode_ahead=settings.encodes_ahead,
             )
         else:
             scheduler = BatchScheduler(bundle.name, run_batch, limits, self.metrics)
