@@ -411,8 +411,8 @@ def report(
         f"- requests: one sentence each, {setup['sentences']}; latency measured by the client; "
         "mean occupancy: sentences per decoder step, from the server's counters "
         "((output tokens + sentences) / decoder steps)",
-        "- CPU ms/request: CPU time per answered request of the server's engine thread "
-        "(decoding), of the rest of the server (event loop: HTTP, validation, tokenization) and "
+        "- CPU ms/request: CPU time per answered request of the server's engine threads "
+        "(decoding, and encoding ahead), of its event loop (HTTP, validation, tokenization) and "
         "of the load generator (aiohttp clients), from /proc",
         "",
         "### Closed loop, greedy",
