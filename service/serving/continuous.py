@@ -17,9 +17,10 @@ One turn of the worker loop (`work_once`):
    sentence is not slowed by beam steps interleaved with its own, nor the reverse);
 4. sentences that ended leave it; their requests are answered when complete.
 
-Encoding ahead (`encode_ahead`, the default): a second thread encodes queued sentences, oldest
-first, a few of one beam size per encoder call, while the running batch decodes; joining then only
-merges their keys/values and empty caches in. The encoder is a quarter of a greedy
+Encoding ahead (`encode_ahead`; NMT_ENCODE_AHEAD, which the service turns on when the engine
+has one thread): a second thread encodes queued sentences, oldest first, a few of one beam
+size per encoder call, while the running batch decodes; joining then only merges their
+keys/values and empty caches in. The encoder is a quarter of a greedy
 sentence's cost, and on a CPU the decoder's steps gain little from a second intra-op thread
 (small matmuls), so the encoder is better off on a core of its own. It stays at most
 `max_sentences` encoded sentences ahead of the joins (bounded memory); a sentence that joins
@@ -53,8 +54,8 @@ from service.serving.scheduler import (
 
 log = logging.getLogger("nmt.scheduler")
 
-# Sentences encoded ahead in one encoder call: fewer calls, little padding (measured: 2.5 ms a
-# sentence alone, 2.5 in random groups of 6, 3.1 in random groups of 32, fp32, one thread).
+# Sentences encoded ahead in one encoder call: fewer calls, little padding (measured, fp32, one
+# thread: 2.5 ms a sentence in random groups of 2 and of 6, 3.1 in random groups of 32).
 ENCODE_GROUP = 4
 
 
@@ -164,7 +165,7 @@ class ContinuousScheduler(Scheduler):
 
     def _next_to_encode(self) -> list[QueuedSentence]:
         """The oldest queued sentences not encoded yet, of the beam size of the oldest one, at
-        most ENCODE_AHEAD_GROUP and no more than `max_sentences` ahead of the joins (counting
+        most ENCODE_GROUP and no more than `max_sentences` ahead of the joins (counting
         those encoded and waiting). Under the lock."""
         items: list[QueuedSentence] = []
         ready = 0
