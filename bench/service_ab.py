@@ -23,11 +23,11 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench.service_bench import (
-    FALLBACK_SENTENCES,
     MULTI30K_TEST,
     Run,
     closed_loop,
     ensure_bundles,
+    load_sentences,
     measure,
     server,
 )
@@ -53,10 +53,7 @@ def main() -> None:
     parser.add_argument("--client-niceness", type=int, default=10)
     args = parser.parse_args()
 
-    if MULTI30K_TEST.is_file():
-        sentences = MULTI30K_TEST.read_text(encoding="utf-8").splitlines()[:500]
-    else:
-        sentences = FALLBACK_SENTENCES
+    sentences, _ = load_sentences(MULTI30K_TEST)
     rng = random.Random(7)
     base = {"batching": "continuous", "threads": "1"}
     configs = {"A": {**base, **settings(args.a)}, "B": {**base, **settings(args.b)}}

@@ -115,6 +115,14 @@ class Served:
     pid: int
 
 
+def load_sentences(path: Path) -> tuple[list[str], str]:
+    """The first 500 lines of `path` (Multi30k's test set), or a built-in list without it;
+    and where they came from, for the report."""
+    if path.is_file():
+        return path.read_text(encoding="utf-8").splitlines()[:500], f"from {path.name}"
+    return FALLBACK_SENTENCES, "from a built-in list (Multi30k not found)"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -500,11 +508,7 @@ def main() -> None:
         engine_worker()
         return
 
-    if args.sentences.is_file():
-        sentences = args.sentences.read_text(encoding="utf-8").splitlines()[:500]
-        source = f"from {args.sentences.name}"
-    else:
-        sentences, source = FALLBACK_SENTENCES, "from a built-in list (Multi30k not found)"
+    sentences, source = load_sentences(args.sentences)
     threads = args.threads or max(1, (os.cpu_count() or 1) - 1)
     setup = {
         "load": " / ".join(f"{x:.2f}" for x in os.getloadavg()),

@@ -66,7 +66,11 @@ class LoopingEngine:
     vocab = 10
 
     def start(
-        self, source_ids: np.ndarray, source_mask: np.ndarray, rows_per_source: int = 1
+        self,
+        source_ids: np.ndarray,
+        source_mask: np.ndarray,
+        rows_per_source: int = 1,
+        ahead: bool = False,  # Engine.start's: which encoder session (none here)
     ) -> DecoderState:
         rows = len(source_ids) * rows_per_source  # no layers: no keys/values to keep
         empty = np.zeros((rows, 0), dtype=np.int64)

@@ -190,21 +190,19 @@ class RunningBatch(ABC):
 
     # Joining.
 
-    def encode(self, sentences: list[Sentence]) -> DecoderState:
+    def encode(self, sentences: list[Sentence], ahead: bool = False) -> DecoderState:
         """The joining state of `sentences` (one encoder call; their cross-attention keys and
         values, empty caches, K rows each). Reads only the engine: another thread may call it
-        while this batch steps (continuous batching encodes queued sentences ahead)."""
+        while this batch steps (continuous batching encodes queued sentences ahead: `ahead`,
+        on the engine's single-thread encoder)."""
         self._check(sentences)
         source_ids, source_mask = pad_sources([s.source for s in sentences], self.engine.pad_id)
-        return self.engine.start(source_ids, source_mask, rows_per_source=self.beams)
+        return self.engine.start(source_ids, source_mask, self.beams, ahead=ahead)
 
     def encode_each(self, sentences: list[Sentence]) -> list[DecoderState]:
-        """Like encode (one encoder call), but a joining state per sentence, so that each
-        may join on its own; for encoding ahead, on the engine's single-thread encoder."""
-        self._check(sentences)
-        source_ids, source_mask = pad_sources([s.source for s in sentences], self.engine.pad_id)
-        joining = self.engine.start(source_ids, source_mask, rows_per_source=self.beams, ahead=True)
-        return joining.per_source()
+        """Encoding ahead: like encode (one encoder call), but a joining state per sentence,
+        so that each may join on its own."""
+        return self.encode(sentences, ahead=True).per_source()
 
     def _check(self, sentences: list[Sentence]) -> None:
         for sentence in sentences:
@@ -224,8 +222,11 @@ class RunningBatch(ABC):
         order (each of one or more sentences), or None to encode them here."""
         if not sentences:
             return
-        self._check(sentences)
-        parts = encoded if encoded is not None else [self.encode(sentences)]
+        if encoded is None:
+            encoded = [self.encode(sentences)]  # checks them
+        else:
+            self._check(sentences)
+        parts = encoded
         if sum(part.sources for part in parts) != len(sentences):
             raise ValueError(f"encoded sources do not match the {len(sentences)} sentences")
         new_rows = len(sentences) * self.beams
