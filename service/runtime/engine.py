@@ -92,6 +92,15 @@ class DecoderState:
     vocabulary [C]: with a shortlist, the candidate target ids of every source in the state
     (ascending), and projection [D, C] their output projection columns (made at the first
     step after the vocabulary changes).
+
+    Leaving is cheap: the rows (sources) that stay where they are are not copied; those that
+    move are written over the ones that left, in the arrays themselves, and the state keeps
+    the leading part as a view (a leading part of a contiguous array is contiguous, so ONNX
+    Runtime reads it in place). Padding that no row needs any more is cut on the way only
+    when it is a quarter or more of the cache (cutting copies everything); otherwise the next
+    join, which copies everything anyway, cuts it. Moving in place is safe because a state's
+    arrays are its own: made by the encoder, a step or extend. The views per_source hands out
+    hold one source each, and one source never moves.
     """
 
     cross: list[np.ndarray]
@@ -114,25 +123,38 @@ class DecoderState:
     def select_rows(self, rows: np.ndarray) -> None:
         """Keep (and reorder) rows of the self-attention cache: rows[i] is the row that new
         row i continues (beam search reorders by beam origin; finished rows are left out).
-        Cache columns that are padding for every remaining row are cut on the way."""
+        Only rows that move are copied (see the class docstring)."""
         past_mask = np.take(self.past_mask, rows, axis=0)
+        columns = past_mask.shape[1]
         first = int(np.argmax(past_mask.any(axis=0))) if past_mask.size else 0
-        self.past = [np.take(cache[:, :, first:], rows, axis=0) for cache in self.past]
-        self.past_mask = np.ascontiguousarray(past_mask[:, first:])
+        if 4 * first >= columns > 0 or len(rows) > self.rows:
+            # Cut the leading columns that are padding for every remaining row: one copy.
+            self.past = [np.take(cache[:, :, first:], rows, axis=0) for cache in self.past]
+            past_mask = past_mask[:, first:]
+        else:
+            self.past = [_moved_in_place(cache, rows) for cache in self.past]
+        self.past_mask = np.ascontiguousarray(past_mask)
         self.positions = np.take(self.positions, rows)
         self.prefix = np.take(self.prefix, rows, axis=0)
 
     def select_sources(self, sources: np.ndarray) -> None:
-        """Keep the sources still being decoded, and cut the source padding that none of
-        them needs (batches are length-sorted, so the longest often leave first)."""
+        """Keep the sources still being decoded (sources[i] is the source new source i was),
+        moving only those that change places (see the class docstring); the source padding
+        none of them needs is cut when it is a quarter or more of the width (batches are
+        length-sorted, so the longest often leave first)."""
         source_mask = np.take(self.source_mask, sources, axis=0)
+        columns = source_mask.shape[1]
         width = int(source_mask.sum(axis=1).max())
-        # Made contiguous here, once: ONNX Runtime would copy a strided view at every step.
-        self.source_mask = np.ascontiguousarray(source_mask[:, :width])
-        self.cross = [
-            np.ascontiguousarray(np.take(cache, sources, axis=0)[:, :, :width])
-            for cache in self.cross
-        ]
+        if 4 * (columns - width) >= columns or len(sources) > self.sources:
+            # Made contiguous here, once: ONNX Runtime would copy a strided view at every step.
+            self.cross = [
+                np.ascontiguousarray(np.take(cache, sources, axis=0)[:, :, :width])
+                for cache in self.cross
+            ]
+            source_mask = source_mask[:, :width]
+        else:
+            self.cross = [_moved_in_place(cache, sources) for cache in self.cross]
+        self.source_mask = np.ascontiguousarray(source_mask)
 
     def per_source(self) -> list[DecoderState]:
         """One state per source (views, no copy), for sources encoded together that may join
@@ -158,10 +180,10 @@ class DecoderState:
         ours, in order, with the same rows per source. Sources are right-padded to the widest
         (padding masked out of cross-attention), self-attention caches left-padded to the
         longest (masked out by past_mask): each row keeps its own real positions. Each array
-        is copied once, into its new place."""
+        is copied once, into its new place, without the padding no row needs any more."""
         states = [self, *joining]
-        width = max(state.source_mask.shape[1] for state in states)
-        length = max(state.past_mask.shape[1] for state in states)
+        width = max(int(state.source_mask.sum(axis=1).max(initial=0)) for state in states)
+        length = max(state.needed_columns() for state in states)
         self.source_mask = _stacked([state.source_mask for state in states], axis=1, size=width)
         self.cross = [
             _stacked(list(layer), axis=2, size=width)
@@ -182,19 +204,40 @@ class DecoderState:
             raise ValueError("the no-cache decoder (benchmarks only) cannot join rows midway")
         self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
 
+    def needed_columns(self) -> int:
+        """Self-attention cache columns that some row still needs (the rest, in front, are
+        padding for every row)."""
+        columns = self.past_mask.shape[1]
+        if not self.past_mask.size:
+            return 0
+        return columns - int(np.argmax(self.past_mask.any(axis=0)))
+
+
+def _moved_in_place(array: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """array[order] along axis 0 (len(order) <= len(array)), written into array itself: only
+    the entries that change places are copied. Returns the leading len(order) entries."""
+    moved = np.flatnonzero(order != np.arange(len(order)))
+    if len(moved):
+        array[moved] = array[order[moved]]  # the right side is gathered before it is written
+    return array[: len(order)]
+
 
 def _stacked(parts: list[np.ndarray], axis: int, size: int, left: bool = False) -> np.ndarray:
     """The parts one after the other along axis 0, each zero-padded (False for masks) along
-    `axis` to `size`, at its end or its start: one new array, each part copied once."""
+    `axis` to `size`, at its end or its start (left): one new array, each part copied once.
+    A part wider than `size` keeps only its first `size` (left: last) entries along `axis`:
+    the caller knows the rest are padding."""
     shape = list(parts[0].shape)
     shape[0], shape[axis] = sum(len(part) for part in parts), size
     out = np.zeros(shape, dtype=parts[0].dtype)
     start = 0
     for part in parts:
-        width = part.shape[axis]
+        width = min(part.shape[axis], size)
         place = [slice(start, start + len(part))] + [slice(None)] * (part.ndim - 1)
+        take = [slice(None)] * part.ndim
         place[axis] = slice(size - width, size) if left else slice(0, width)
-        out[tuple(place)] = part
+        take[axis] = slice(part.shape[axis] - width, None) if left else slice(0, width)
+        out[tuple(place)] = part[tuple(take)]
         start += len(part)
     return out
 

@@ -239,8 +239,12 @@ class RunningBatch(ABC):
             self.history = None
         else:
             self.state.extend(*parts)  # every cache copied once, the batch's and the new ones
-            padding = np.full((new_rows, self.sequences.shape[1]), PADDING, dtype=np.int64)
-            self.sequences = np.concatenate([self.sequences, padding])
+            # extend cut the cache columns that were padding for every row: so do these.
+            cut = self.sequences.shape[1] - self.state.past_mask.shape[1]
+            padding = np.full((new_rows, self.state.past_mask.shape[1]), PADDING, dtype=np.int64)
+            self.sequences = np.concatenate([self.sequences[:, cut:], padding])
+            if self.history is not None:
+                self.history = self.history[:, cut:]
         self.feed = np.concatenate([self.feed, np.full(new_rows, self.engine.start_id)])
         self.sentences.extend(sentences)
         self.per_sentence.append(self.engine, sentences)
@@ -258,7 +262,8 @@ class RunningBatch(ABC):
             return
         old = self.history
         grown = np.zeros((*shape, width), dtype=np.float32)
-        grown[: len(old), :, :, : old.shape[3]] = old
+        kept = min(width, old.shape[3])  # the sources may have got narrower: padding went
+        grown[: len(old), :, :, :kept] = old[..., :kept]
         self.history = grown
 
     @abstractmethod
@@ -322,9 +327,14 @@ class RunningBatch(ABC):
         return dropped
 
     def _keep(self, kept: np.ndarray, rows: np.ndarray, feed: np.ndarray) -> None:
-        """Keep sentences `kept` (positions) with rows `rows` (row j continues old row
-        rows[j], so beams may be reordered) that feed `feed` next. Cuts the cache, sequence
-        and alignment columns that only departed rows needed."""
+        """Keep sentences `kept` (ascending positions) with rows `rows` (row j continues old
+        row rows[j], so beams may be reordered) that feed `feed` next. The sentences after
+        the last kept place fill the places of those that left, so that the caches of the
+        others do not move (DecoderState copies only what moves)."""
+        order = _filling_holes(kept)
+        kept = kept[order]
+        rows = rows.reshape(len(order), self.beams)[order].reshape(-1)
+        feed = feed.reshape(len(order), self.beams)[order].reshape(-1)
         self._kept(kept)
         self.sentences = [self.sentences[i] for i in kept]
         self.per_sentence.keep(kept)
@@ -336,7 +346,7 @@ class RunningBatch(ABC):
         before = self.state.past_mask.shape[1]
         self.state.select_rows(rows)
         cut = before - self.state.past_mask.shape[1]  # leading columns nobody needs now
-        if len(kept) < self.state.sources:  # kept is ascending: fewer means some left
+        if len(kept) < self.state.sources:  # fewer: some left (else nothing moved)
             self.state.select_sources(kept)
         self.sequences = self.sequences[rows, cut:]
         self.feed = feed
@@ -546,13 +556,27 @@ class BeamBatch(RunningBatch):
         tokens = next_tokens[kept].reshape(-1)
         self.scores = next_scores
         self._keep(kept, rows, tokens)
-        if self.sentences:
-            self.sequences = np.concatenate([self.sequences, tokens[:, None]], axis=1)
+        if self.sentences:  # feed: the tokens, in the rows' new order
+            self.sequences = np.concatenate([self.sequences, self.feed[:, None]], axis=1)
         return leaving
 
     def _n_best(self, sentence: int) -> list[Hypothesis]:
         ranked = sorted(self.finished[sentence], key=lambda h: -h.score)
         return ranked[: self.sentences[sentence].options.n_best]
+
+
+def _filling_holes(kept: np.ndarray) -> np.ndarray:
+    """For kept (ascending positions of what stays, out of more): an order of its entries in
+    which those already among the first len(kept) places keep their place, and the others
+    fill the places that were left, so that kept[order][i] == i wherever possible.
+    Example: kept [0, 2, 3, 5] -> order [0, 3, 1, 2] (5 takes the place of 1)."""
+    count = len(kept)
+    stays = kept < count
+    order = np.empty(count, dtype=np.int64)
+    order[kept[stays]] = np.flatnonzero(stays)
+    holes = np.setdiff1d(np.arange(count), kept[stays], assume_unique=True)
+    order[holes] = np.flatnonzero(~stays)
+    return order
 
 
 def _top_candidates(candidates: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
