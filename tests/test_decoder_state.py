@@ -1,0 +1,112 @@
+"""DecoderState's bookkeeping when rows leave and join, on made-up arrays (no model): the
+result must equal plain numpy indexing of the old arrays, and rows that stay must not move."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.runtime.engine import DecoderState
+from service.runtime.running_batch import _filling_holes
+
+HEADS, HEAD_DIM, LAYERS = 2, 3, 2
+
+
+def state(rows: int, past: int, source_lengths: list[int], joined: list[int]) -> DecoderState:
+    """rows // len(source_lengths) rows per source; row r's cache holds its last
+    `past - joined[r]` columns (it joined `joined[r]` steps after the first)."""
+    rng = np.random.default_rng(rows * 100 + past)
+    width = max(source_lengths)
+    source_mask = np.arange(width)[None, :] < np.array(source_lengths)[:, None]
+    past_mask = np.arange(past)[None, :] >= np.array(joined)[:, None]
+    sources = len(source_lengths)
+    return DecoderState(
+        cross=[
+            rng.standard_normal((sources, HEADS, width, HEAD_DIM)).astype(np.float32)
+            for _ in range(2 * LAYERS)
+        ],
+        source_mask=source_mask,
+        past=[
+            rng.standard_normal((rows, HEADS, past, HEAD_DIM)).astype(np.float32)
+            * past_mask[:, None, :, None]
+            for _ in range(2 * LAYERS)
+        ],
+        past_mask=past_mask,
+        positions=past - np.array(joined),
+        prefix=np.zeros((rows, 0), dtype=np.int64),
+    )
+
+
+def test_filling_holes_keeps_what_stays_in_place() -> None:
+    kept = np.array([0, 2, 3, 5])
+    assert kept[_filling_holes(kept)].tolist() == [0, 5, 2, 3]
+    assert np.array([3, 4])[_filling_holes(np.array([3, 4]))].tolist() == [3, 4]
+    everything = np.arange(5)
+    assert _filling_holes(everything).tolist() == everything.tolist()
+    assert _filling_holes(np.zeros(0, dtype=np.int64)).tolist() == []
+
+
+def test_rows_that_leave_are_filled_in_place_and_the_others_do_not_move() -> None:
+    decoder = state(rows=6, past=8, source_lengths=[4, 6, 5, 3, 6, 2], joined=[0] * 6)
+    before = [cache.copy() for cache in decoder.past]
+    buffers = list(decoder.past)
+    rows = np.array([0, 5, 2, 3])  # row 1 and 4 left; row 5 takes row 1's place
+    decoder.select_rows(rows)
+    for old, new, buffer in zip(before, decoder.past, buffers, strict=True):
+        np.testing.assert_array_equal(new, old[rows])
+        assert np.shares_memory(new, buffer)  # no new array: written into the old one
+        assert new.flags.c_contiguous  # ONNX Runtime reads it without a copy
+    sources = np.array([0, 5, 2, 3])
+    cross_before = [layer.copy() for layer in decoder.cross]
+    decoder.select_sources(sources)
+    for old, new in zip(cross_before, decoder.cross, strict=True):
+        np.testing.assert_array_equal(new, old[sources][:, :, : new.shape[2]])
+        assert new.flags.c_contiguous
+
+
+def test_beams_reordered_in_place_equal_a_gather() -> None:
+    decoder = state(rows=8, past=5, source_lengths=[3, 4], joined=[0] * 8)
+    before = [cache.copy() for cache in decoder.past]
+    rows = np.array([1, 1, 0, 3, 6, 4, 4, 7])  # beams continuing other beams, twice over
+    decoder.select_rows(rows)
+    for old, new in zip(before, decoder.past, strict=True):
+        np.testing.assert_array_equal(new, old[rows])
+
+
+def test_padding_every_row_has_left_behind_is_cut_when_it_is_a_quarter() -> None:
+    # Rows 0 and 1 started first; rows 2 and 3 joined 3 and 5 steps later (left-padded).
+    decoder = state(rows=4, past=8, source_lengths=[5] * 4, joined=[0, 0, 3, 5])
+    before = [cache.copy() for cache in decoder.past]
+    decoder.select_rows(np.array([2, 3]))  # the first rows left: 3 of 8 columns are padding
+    assert decoder.past_mask.shape[1] == 5
+    for old, new in zip(before, decoder.past, strict=True):
+        np.testing.assert_array_equal(new, old[[2, 3], :, 3:])
+    np.testing.assert_array_equal(decoder.positions, [5, 3])
+
+    small = state(rows=4, past=8, source_lengths=[5] * 4, joined=[0, 1, 1, 5])
+    small.select_rows(np.array([2, 3, 1]))  # one column of eight: not worth a copy now
+    assert small.past_mask.shape[1] == 8
+
+
+def test_a_join_cuts_the_padding_the_leavers_left_and_keeps_every_row_right_aligned() -> None:
+    decoder = state(rows=3, past=6, source_lengths=[6, 4, 5], joined=[0, 1, 1])
+    # Row 0 leaves: one cache column of six and one source column of six are padding now,
+    # for every row; not worth a copy of their own.
+    decoder.select_rows(np.array([1, 2]))
+    decoder.select_sources(np.array([1, 2]))
+    assert decoder.past_mask.shape[1] == 6 and decoder.source_mask.shape[1] == 6
+    kept_past = [cache.copy() for cache in decoder.past]
+    kept_cross = [layer.copy() for layer in decoder.cross]
+    joining = state(rows=1, past=0, source_lengths=[2], joined=[0])
+    decoder.extend(joining)
+    # The join copies anyway, and cuts them: 5 cache columns, sources of at most 5 words.
+    assert decoder.past_mask.shape == (3, 5) and decoder.source_mask.shape == (3, 5)
+    assert decoder.past_mask[:2].all() and not decoder.past_mask[2].any()
+    for old, new in zip(kept_past, decoder.past, strict=True):
+        np.testing.assert_array_equal(new[:2], old[:, :, 1:])
+        assert not new[2].any()
+    for old, new, added in zip(kept_cross, decoder.cross, joining.cross, strict=True):
+        np.testing.assert_array_equal(new[:2], old[:, :, :5])
+        np.testing.assert_array_equal(new[2, :, :2], added[0])
+        assert not new[2, :, 2:].any()
+    assert decoder.source_mask.sum(axis=1).tolist() == [4, 5, 2]
+    np.testing.assert_array_equal(decoder.positions, [5, 5, 0])
