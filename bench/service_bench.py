@@ -9,7 +9,8 @@ join and leave the running batch between decoder steps). Both get the same engin
 
 * Closed loop: 1, 8, 32 and 64 clients, greedy, each sending its next one-sentence request when
   the previous one is answered. The work alternates between the servers in halves, in mirrored
-  order (A, B, B, A), so that a change in background load hits both alike.
+  order (A, B, B, A), so that a change in background load hits both alike. Throughput is the
+  steady state's, without the start (all clients at once) and the end (fewer and fewer).
 * Open loop: Poisson arrivals at 50%, 70% and 90% of the measured capacity (the closed-loop
   throughput of the lower of the two at 64 clients on the same mix), the same arrival times
   and requests for both servers: sentences of every length, half greedy and half beam 4. The
@@ -84,8 +85,9 @@ MIX = (1, 4)  # open loop: half greedy, half beam 4
 class Run:
     batching: str
     label: str  # "32 clients" or "70% load"
-    requests: int = 0
-    seconds: float = 0.0
+    requests: int = 0  # answered
+    counted: int = 0  # answered within the measured windows (see closed_loop)
+    seconds: float = 0.0  # the measured windows' length
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
     steps: float = 0.0  # decoder steps the server ran
@@ -95,7 +97,7 @@ class Run:
 
     @property
     def throughput(self) -> float:
-        return self.requests / self.seconds
+        return self.counted / self.seconds
 
     @property
     def occupancy(self) -> float:
@@ -225,28 +227,61 @@ async def translate_once(
 
 async def closed_loop(
     url: str, work: list[tuple[str, int]], clients: int
-) -> tuple[list[float], int, float]:
+) -> tuple[list[float], int, float, int]:
     """`clients` concurrent clients share the requests `work` (text, beam), each sending its
-    next one when the previous is answered; returns the latencies, the errors and wall time."""
+    next one when the previous is answered. Returns the latencies, the errors, and the
+    requests answered within a window of so many seconds (the last two).
+
+    The window is the steady state: from the time the first `clients` requests are answered
+    (the burst of all clients starting at once has passed) to the time the first client finds
+    no work left (from then on fewer clients are busy). Throughput over the whole run would
+    count that start and that end, which differ between schedulers, and weigh more the
+    shorter the run. Falls back to the whole run where the window holds too few answers."""
     todo = iter(work)
     latencies: list[float] = []
+    answered: list[float] = []  # times, in order
     errors = 0
+    ran_out: float | None = None
 
     async def client_loop(client: aiohttp.ClientSession) -> None:
-        nonlocal errors
+        nonlocal errors, ran_out
         for text, beam in todo:
-            errors += not await translate_once(client, text, beam, latencies)
+            ok = await translate_once(client, text, beam, latencies)
+            errors += not ok
+            answered.append(time.perf_counter())
+        if ran_out is None:
+            ran_out = time.perf_counter()
 
     async with client_session(url, clients) as client:
         started = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(clients)))
-        return latencies, errors, time.perf_counter() - started
+        ended = time.perf_counter()
+    window = steady_window(answered, clients, ran_out)
+    if window is None:
+        return latencies, errors, ended - started, len(latencies)
+    return latencies, errors, *window
+
+
+def steady_window(
+    answered: list[float], clients: int, ran_out: float | None
+) -> tuple[float, int] | None:
+    """A closed loop's steady state (see closed_loop) from the times requests were answered
+    (ascending) and the time the first client found no work left: its length in seconds and
+    the answers within it; None where it would hold fewer than max(clients, 16) answers."""
+    if ran_out is None or len(answered) <= clients:
+        return None
+    opened = answered[clients - 1]
+    counted = sum(opened < at <= ran_out for at in answered)
+    if counted < max(clients, 16) or ran_out <= opened:
+        return None
+    return ran_out - opened, counted
 
 
 async def open_loop(
     url: str, work: list[tuple[str, int]], arrivals: list[float]
 ) -> tuple[list[float], int, float]:
-    """Send work[i] at arrivals[i] seconds from the start, whatever is still unanswered."""
+    """Send work[i] at arrivals[i] seconds from the start, whatever is still unanswered.
+    Returns the latencies, the errors, the wall time and the requests answered."""
     latencies: list[float] = []
     errors = 0
 
@@ -260,7 +295,7 @@ async def open_loop(
         await asyncio.gather(
             *(send(client, at, text, beam) for at, (text, beam) in zip(arrivals, work, strict=True))
         )
-        return latencies, errors, time.perf_counter() - started
+        return latencies, errors, time.perf_counter() - started, len(latencies)
 
 
 def chunks(
@@ -277,17 +312,18 @@ def chunks(
 
 
 def measure(run: Run, served: Served, load: Coroutine) -> None:
-    """Add one load (a coroutine, not started yet, giving latencies, errors and seconds) to
-    `run`."""
+    """Add one load (a coroutine, not started yet, giving latencies, errors, and the seconds
+    and answers of its measured window) to `run`."""
     url = served.url
     before, cpu_before = counters(url), cpu_seconds(served.pid)
-    latencies, errors, seconds = asyncio.run(load)
+    latencies, errors, seconds, counted = asyncio.run(load)
     cpu_after, after = cpu_seconds(served.pid), counters(url)
     for part, used in cpu_after.items():
         run.cpu[part] = run.cpu.get(part, 0.0) + used - cpu_before[part]
     steps = after["nmt_decode_steps_total"] - before["nmt_decode_steps_total"]
     tokens = after["nmt_output_tokens_total"] - before["nmt_output_tokens_total"]
     run.requests += len(latencies)
+    run.counted += counted
     run.seconds += seconds
     run.latencies += latencies
     run.errors += errors
@@ -425,7 +461,11 @@ def report(
         "",
         "### Closed loop, greedy",
         "",
-        "Each client sends its next request when the previous one is answered.",
+        "Each client sends its next request when the previous one is answered. req/s is "
+        "the steady state's: answers from the moment the first `clients` requests are "
+        "answered (the start, all clients at once, has passed) to the moment the first "
+        "client finds no work left (fewer are busy from then on); latency and CPU count "
+        "every request.",
         "",
         head + " vs engine alone at batch 32 |",
         rule + "---:|",
@@ -482,7 +522,7 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, help="bundles folder (default: export one)")
     parser.add_argument("--sentences", type=Path, default=MULTI30K_TEST)
     parser.add_argument("--clients", default="1,8,32,64", help="closed loop client counts")
-    parser.add_argument("--requests-per-client", type=int, default=6)
+    parser.add_argument("--requests-per-client", type=int, default=12)
     parser.add_argument("--min-requests", type=int, default=48)
     parser.add_argument("--loads", default="0.5,0.7,0.9", help="open loop shares of capacity")
     parser.add_argument("--open-seconds", type=float, default=30.0)

@@ -1,0 +1,28 @@
+"""bench/service_bench.py's steady-state window, on made-up answer times (the real run takes
+minutes and asserts nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.service_bench import steady_window
+
+
+def test_the_window_leaves_out_the_start_and_the_end() -> None:
+    # 4 clients; every client's answers 1 s apart, the first answers bunched (they all started
+    # at once); the work ran out at 10.5 s, and the last answers trickle in after it.
+    answered = [1.0, 1.0, 1.0, 1.0] + [t + 0.25 * c for t in range(2, 11) for c in range(4)]
+    answered += [11.0, 11.25, 11.5, 11.75]
+    seconds, counted = steady_window(sorted(answered), clients=4, ran_out=10.5)
+    assert seconds == pytest.approx(9.5)
+    assert (
+        counted == 4 * 8 + 3
+    )  # 2.0 .. 10.5: the bunched start and the answers after 10.5 s are out
+    assert counted / seconds == pytest.approx(35 / 9.5)
+
+
+def test_too_short_a_run_falls_back_to_the_whole_run() -> None:
+    assert steady_window([1.0, 1.1, 1.2], clients=4, ran_out=1.2) is None  # fewer than clients
+    few = [0.1 * i for i in range(1, 30)]
+    assert steady_window(few, clients=8, ran_out=1.0) is None  # 2 answers in the window
+    assert steady_window(few, clients=1, ran_out=None) is None  # the work never ran out
