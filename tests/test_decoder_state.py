@@ -4,6 +4,7 @@ result must equal plain numpy indexing of the old arrays, and rows that stay mus
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from service.runtime.engine import DecoderState
 from service.runtime.running_batch import _filling_holes
@@ -63,13 +64,20 @@ def test_rows_that_leave_are_filled_in_place_and_the_others_do_not_move() -> Non
         assert new.flags.c_contiguous
 
 
-def test_beams_reordered_in_place_equal_a_gather() -> None:
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [1, 1, 0, 3, 6, 4, 4, 7],  # most beams continue another beam: one gather
+        [0, 0, 2, 3, 4, 5, 7, 7],  # two move: in place
+    ],
+)
+def test_beams_reordered_equal_a_gather(rows: list[int]) -> None:
     decoder = state(rows=8, past=5, source_lengths=[3, 4], joined=[0] * 8)
     before = [cache.copy() for cache in decoder.past]
-    rows = np.array([1, 1, 0, 3, 6, 4, 4, 7])  # beams continuing other beams, twice over
-    decoder.select_rows(rows)
+    decoder.select_rows(np.array(rows))
     for old, new in zip(before, decoder.past, strict=True):
         np.testing.assert_array_equal(new, old[rows])
+        assert new.flags.c_contiguous
 
 
 def test_padding_every_row_has_left_behind_is_cut_when_it_is_a_quarter() -> None:

@@ -215,8 +215,12 @@ class DecoderState:
 
 def _moved_in_place(array: np.ndarray, order: np.ndarray) -> np.ndarray:
     """array[order] along axis 0 (len(order) <= len(array)), written into array itself: only
-    the entries that change places are copied. Returns the leading len(order) entries."""
+    the entries that change places are copied. Returns the leading len(order) entries. Where
+    most entries move (beams reordered), one gather into a new array is cheaper: moving in
+    place copies each moved entry twice (gathered, then written)."""
     moved = np.flatnonzero(order != np.arange(len(order)))
+    if 2 * len(moved) > len(order):
+        return np.take(array, order, axis=0)
     if len(moved):
         array[moved] = array[order[moved]]  # the right side is gathered before it is written
     return array[: len(order)]

@@ -574,8 +574,9 @@ def _filling_holes(kept: np.ndarray) -> np.ndarray:
     stays = kept < count
     order = np.empty(count, dtype=np.int64)
     order[kept[stays]] = np.flatnonzero(stays)
-    holes = np.setdiff1d(np.arange(count), kept[stays], assume_unique=True)
-    order[holes] = np.flatnonzero(~stays)
+    hole = np.ones(count, dtype=bool)
+    hole[kept[stays]] = False
+    order[hole] = np.flatnonzero(~stays)
     return order
 
 
