@@ -15,7 +15,7 @@ import pytest
 
 from service.runtime.bundle import load_bundle
 from service.runtime.engine import Engine, EngineOptions
-from service.runtime.running_batch import pad_sources, running_batch
+from service.runtime.running_batch import Sentence, pad_sources, running_batch, step_together
 from service.runtime.search import SearchOptions, search
 from service.runtime.translator import Translator
 from service.serving.continuous import ContinuousScheduler
@@ -37,11 +37,14 @@ def translator(fr_en_bundle: Path) -> Translator:
     return Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
 
 
-def scheduler_for(translator: Translator, **limits) -> ContinuousScheduler:
+def scheduler_for(translator: Translator, together: bool = True, **limits) -> ContinuousScheduler:
+    """As the service makes it; `together`: small batches of different beam sizes step
+    together (the service's way), else always apart."""
     return ContinuousScheduler(
         "fr-en",
         lambda beams: running_batch(translator.engine, beams),
         BatchLimits(**limits),
+        step_together=step_together if together else None,
     )
 
 
@@ -61,19 +64,24 @@ def same(found: list, expected: list) -> bool:
     return True
 
 
+@pytest.mark.parametrize("together", [True, False], ids=["beam-sizes-together", "apart"])
 @pytest.mark.parametrize("ahead", [False, True], ids=["encoded-at-join", "one-encoded-ahead"])
 def test_sentences_joining_at_steps_5_10_and_20_decode_as_they_do_alone(
-    translator: Translator, ahead: bool
+    translator: Translator, ahead: bool, together: bool
 ):
     """With `ahead`, one sentence of each arriving pair is encoded ahead (alone, as the
-    encoder thread does), the other when it joins: both are merged into one join."""
+    encoder thread does), the other when it joins: both are merged into one join. With
+    `together`, the greedy and the beam batch (at most 16 rows in all) take their steps in
+    one engine call."""
     sources = translator.tokenizer.encode(FRENCH_SENTENCES)
-    arrivals = {0: [0, 1], 5: [2, 3], 10: [4, 5], 20: [6, 7]}  # turn -> sentences
+    # turn -> sentences. Apart, a turn steps one batch; together, all of them: sooner done.
+    steps = [0, 4, 8, 12] if together else [0, 5, 10, 20]
+    arrivals = dict(zip(steps, ([0, 1], [2, 3], [4, 5], [6, 7]), strict=True))
 
     running_when_joined = []
 
     async def main() -> dict:
-        scheduler = scheduler_for(translator)
+        scheduler = scheduler_for(translator, together)
         jobs = {}
         later = time.monotonic() + 600
         for turn in range(200):
@@ -93,6 +101,42 @@ def test_sentences_joining_at_steps_5_10_and_20_decode_as_they_do_alone(
     assert running_when_joined[0] == 0 and min(running_when_joined[1:]) > 0
     for index, hypotheses in found.items():
         assert same(hypotheses, alone(translator, sources[index], MIXED[index % len(MIXED)]))
+
+
+def test_batches_of_two_beam_sizes_stepped_together_decode_as_they_do_alone(
+    translator: Translator,
+):
+    """step_together: a greedy and a beam-3 batch take every step in one engine call while
+    sentences join either at different steps (caches of different lengths, sources of
+    different widths) and leave; every sentence comes out as it does alone, scores and
+    alignments included."""
+    sources = translator.tokenizer.encode(FRENCH_SENTENCES)
+    engine = translator.engine
+    greedy, beam = running_batch(engine, 1), running_batch(engine, 3)
+    greedy_options = [SearchOptions(), SearchOptions(length_penalty=0.6, alignment=True)]
+    beam_options = [SearchOptions(beam_size=3, n_best=2), SearchOptions(beam_size=3)]
+    # step -> (batch, sentence indices)
+    joins = {0: [(greedy, [0, 1])], 2: [(beam, [2])], 4: [(greedy, [3]), (beam, [4, 5])]}
+    joins |= {7: [(greedy, [6, 7])], 9: [(beam, [8])]}
+    options_of = {}
+    found, steps_together = {}, 0
+    for step in range(200):
+        for batch, indices in joins.get(step, []):
+            choices = greedy_options if batch is greedy else beam_options
+            sentences = []
+            for i in indices:
+                options_of[i] = choices[i % 2]
+                sentences.append(Sentence(sources[i], options_of[i], ticket=i))
+            batch.join(sentences)
+        if not (len(greedy) or len(beam)) and step > max(joins):
+            break
+        steps_together += bool(len(greedy) and len(beam))
+        for ended in step_together([greedy, beam]):
+            for finished in ended:
+                found[finished.sentence.ticket] = finished.hypotheses
+    assert steps_together >= 10 and sorted(found) == sorted(options_of)
+    for index, hypotheses in found.items():
+        assert same(hypotheses, alone(translator, sources[index], options_of[index]))
 
 
 @pytest.mark.parametrize("ahead", [False, True], ids=["encoded-at-join", "encoded-ahead"])

@@ -204,6 +204,41 @@ class DecoderState:
             raise ValueError("the no-cache decoder (benchmarks only) cannot join rows midway")
         self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
 
+    @staticmethod
+    def rows_together(states: list[DecoderState]) -> DecoderState:
+        """The rows of `states` (each with its own rows per source) as one state with one row
+        per source, for one step: every row gets its own copy of its source's cross keys and
+        values. Sources right-padded to the widest, caches left-padded to the longest."""
+
+        def per_row(array: np.ndarray, state: DecoderState) -> np.ndarray:
+            return np.repeat(array, state.rows // state.sources, axis=0)
+
+        width = max(state.source_mask.shape[1] for state in states)
+        length = max(state.past_mask.shape[1] for state in states)
+        return DecoderState(
+            cross=[
+                _stacked(
+                    [per_row(array, s) for array, s in zip(layer, states, strict=True)], 2, width
+                )
+                for layer in zip(*(state.cross for state in states), strict=True)
+            ],
+            source_mask=_stacked([per_row(s.source_mask, s) for s in states], 1, width),
+            past=[
+                _stacked(list(layer), axis=2, size=length, left=True)
+                for layer in zip(*(state.past for state in states), strict=True)
+            ],
+            past_mask=_stacked([state.past_mask for state in states], 1, length, left=True),
+            positions=np.concatenate([state.positions for state in states]),
+            prefix=np.zeros((sum(state.rows for state in states), 0), dtype=np.int64),
+        )
+
+    def take_rows_of(self, stepped: DecoderState, start: int, stop: int) -> None:
+        """After a step of rows_together(...): this state's rows are start..stop of `stepped`
+        (views of its new caches, with its padding)."""
+        self.past = [cache[start:stop] for cache in stepped.past]
+        self.past_mask = stepped.past_mask[start:stop]
+        self.positions = stepped.positions[start:stop]
+
     def needed_columns(self) -> int:
         """Self-attention cache columns that some row still needs (the rest, in front, are
         padding for every row)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from service.runtime.bundle import Bundle, BundleError, load_bundle
 from service.runtime.engine import EngineOptions
-from service.runtime.running_batch import RunningBatch, running_batch
+from service.runtime.running_batch import RunningBatch, running_batch, step_together
 from service.runtime.search import Abandoned, Hypothesis, SearchOptions
 from service.runtime.translator import Translator
 from service.serving.continuous import ContinuousScheduler
@@ -164,6 +164,7 @@ class ModelRegistry:
                 limits,
                 self.metrics,
                 encode_ahead=settings.encodes_ahead,
+                step_together=step_together,
             )
         else:
             scheduler = BatchScheduler(bundle.name, run_batch, limits, self.metrics)
