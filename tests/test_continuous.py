@@ -114,9 +114,10 @@ class FakeClock:
 class Harness:
     """A ContinuousScheduler over FakeBatches, driven by hand."""
 
-    def __init__(self, **limits) -> None:
+    def __init__(self, together: bool = False, **limits) -> None:
         limits = {"join_ratio": 0.0, "join_max_steps": 0, **limits}  # join at every step
         self.steps: list[tuple[int, list[str]]] = []
+        self.together: list[list[int]] = []  # the beam sizes of each step taken together
         self.encoded: list[list[str]] = []  # each encode() call's sentences, ahead or at a join
         self.clock = FakeClock()
         self.metrics = Metrics()
@@ -126,7 +127,12 @@ class Harness:
             BatchLimits(**limits),
             self.metrics,
             clock=self.clock,
+            step_together=self.step_together if together else None,
         )
+
+    def step_together(self, batches: list[FakeBatch]) -> list[list[Finished]]:
+        self.together.append([batch.beams for batch in batches])
+        return [batch.step() for batch in batches]  # (each logs its step in self.steps)
 
     def submit(self, name: str, sources: list[list[int]], options=GREEDY, timeout=FAR) -> Job:
         job = self.scheduler.submit(sources, options, self.clock.now + timeout)
@@ -241,6 +247,43 @@ def test_one_batch_holds_different_lengths_penalties_and_n_best_but_not_beam_siz
         assert all(job.future.done() for job in jobs)
         # One running batch per beam size; the one with the oldest sentence steps first.
         assert h.steps == [(1, ["j0/0", "j1/0"])] * 3 + [(2, ["j2/0", "j3/0"])] * 3
+
+    run(test)
+
+
+def test_small_batches_of_different_beam_sizes_step_together_and_large_ones_take_turns():
+    async def test():
+        h = Harness(together=True)
+        greedy = h.submit("g", [sentence(1, steps=3), sentence(2, steps=3)])
+        beam = h.submit("b", [sentence(3, steps=2)], BEAM)
+        await h.turns(2)  # 2 + 2 rows: both batches step at every turn, in one call
+        assert h.together == [[1, 2], [1, 2]]
+        assert h.steps == [(1, ["g/0", "g/1"]), (2, ["b/0"])] * 2
+        await h.turns(1)  # the beam sentence is done: the greedy batch steps alone
+        assert h.together == [[1, 2], [1, 2]] and h.steps[-1] == (1, ["g/0", "g/1"])
+        assert greedy.future.done() and beam.future.done()
+
+        # 10 + 2 x 4 rows: more than STEP_TOGETHER_ROWS; first come, first served again
+        h.steps.clear()
+        h.submit("G", [sentence(n, steps=2) for n in range(1, 11)])
+        h.submit("B", [sentence(n, steps=2) for n in range(1, 5)], BEAM)
+        await h.turns(4)
+        assert h.together == [[1, 2], [1, 2]]
+        assert [beams for beams, _ in h.steps] == [1, 1, 2, 2]
+
+    run(test)
+
+
+def test_a_step_taken_together_that_fails_fails_only_the_culprits_request():
+    async def test():
+        h = Harness(together=True)
+        fine = h.submit("fine", [sentence(1, steps=3)], BEAM)
+        culprit = h.submit("culprit", [sentence(2), [5, POISON, 2]])
+        await h.turns(1)
+        assert h.together == [[2, 1]]  # the step together failed on the greedy batch
+        assert fine.future.result() == [answer(sentence(1, 3))]  # decoded again, alone
+        error = culprit.future.exception()
+        assert isinstance(error, SentenceFailed) and error.index == 1
 
     run(test)
 
