@@ -318,9 +318,10 @@ class RunningBatch(ABC):
     def drop(self, condition: Callable[[Sentence], bool]) -> list[Finished]:
         """Take out the sentences for which condition(sentence) holds (nobody waits for them
         any more); they come back with no hypothesis."""
-        gone = np.array([condition(s) for s in self.sentences], dtype=bool)
-        if not gone.any():
+        flags = [condition(s) for s in self.sentences]
+        if not any(flags):  # most calls (the scheduler asks at every step)
             return []
+        gone = np.array(flags, dtype=bool)
         dropped = [
             Finished(self.sentences[j], [], int(self.per_sentence.steps[j]))
             for j in np.flatnonzero(gone)

@@ -281,6 +281,9 @@ class ContinuousScheduler(Scheduler):
 
     def _next_key(self) -> Hashable | None:
         """The beam size whose running batch holds the sentence queued first."""
+        live = [key for key, batch in self._batches.items() if len(batch)]
+        if len(live) < 2:
+            return live[0] if live else None
         oldest: dict[Hashable, float] = {
             key: min(s.ticket.enqueued for s in batch.sentences)
             for key, batch in self._batches.items()
@@ -369,6 +372,8 @@ class ContinuousScheduler(Scheduler):
     def _settle(self, finished: list[Finished], gone: list[Finished]) -> None:
         """Record who ended, answer the requests that are now complete, and answer 504 to
         those whose sentences left because their deadline passed."""
+        if not (finished or gone):  # most steps: nobody ended (this runs at every step)
+            return
         complete: list[Job] = []
         expired: dict[int, Job] = {}
         with self._lock:
