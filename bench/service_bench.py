@@ -599,7 +599,7 @@ def main() -> None:
                     file=sys.stderr,
                 )
 
-        mix = [(rng.choice(sentences), rng.choice(MIX)) for _ in range(384)]
+        mix = [(rng.choice(sentences), rng.choice(MIX)) for _ in range(768)]
         probes = {name: Run(name, "capacity") for name in SERVERS}
         for half, name in enumerate(order):
             part = mix[: len(mix) // 2] if half < 2 else mix[len(mix) // 2 :]
