@@ -9,6 +9,7 @@ sentence alone.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -24,6 +25,7 @@ GREEDY = SearchOptions(beam_size=1)
 BEAM = SearchOptions(beam_size=2)
 POISON = -1  # a step with this token in a source fails, as the engine fails on a bad input
 UNENCODABLE = -2  # encoding a source with this token fails
+HALF_JOINS = -3  # a join with this token fails after the batch took the sentences in
 FAR = 1e9  # a deadline that never comes
 
 
@@ -79,6 +81,8 @@ class FakeBatch:
         self.sentences += sentences
         for s in sentences:
             self.done_steps[id(s)] = 0
+        if any(HALF_JOINS in s.source for s in sentences):
+            raise RuntimeError("the join failed midway")
 
     def step(self) -> list[Finished]:
         self.log.append((self.beams, [label(s) for s in self.sentences]))
@@ -438,6 +442,28 @@ def test_when_a_step_fails_only_the_culprits_request_fails_and_the_others_are_an
         h.submit("after", [sentence(4, steps=2)])  # the batch is usable again
         await h.turns(2)
         assert h.steps[-1] == (1, ["after/0"])
+
+    run(test)
+
+
+def test_a_join_that_fails_midway_decodes_each_sentence_once():
+    async def test():
+        h = Harness(max_sentences=3)
+        first = h.submit("first", [sentence(1, steps=4)])
+        await h.turns(1)
+        # The join takes culprit/0 and other/0 (two free places; other/1 waits) and breaks
+        # after the batch took them in.
+        culprit = h.submit("culprit", [[5, HALF_JOINS, 2]])
+        other = h.submit("other", [sentence(3, steps=2), sentence(4, steps=3)])
+        await h.turns(6)
+        # Decoded again alone, each once: a sentence decoded twice would count twice
+        # towards its request, which would be answered before its other sentence ended.
+        assert first.future.result() == [answer(sentence(1, 4))]
+        assert other.future.result() == [answer(sentence(3, 2)), answer(sentence(4, 3))]
+        error = culprit.future.exception()
+        assert isinstance(error, SentenceFailed) and error.index == 0
+        alone = Counter(labels[0] for _, labels in h.steps[1:] if len(labels) == 1)
+        assert alone["first/0"] == 4 and alone["other/0"] == 2
 
     run(test)
 

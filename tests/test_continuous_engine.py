@@ -103,6 +103,37 @@ def test_sentences_joining_at_steps_5_10_and_20_decode_as_they_do_alone(
         assert same(hypotheses, alone(translator, sources[index], MIXED[index % len(MIXED)]))
 
 
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_a_join_after_the_oldest_sentence_left_keeps_alignments_and_tokens(
+    translator: Translator, beam_size: int
+):
+    """The first sentence (short) leaves while one that joined later (long) runs on: the
+    tokens and alignments nobody needs any more are cut; then another sentence joins. All
+    three, alignment asked for, come out as alone."""
+    texts = [
+        "Un chat.",
+        "Un homme en chemise bleue marche dans la rue avec son chien noir.",
+        "Le chien court.",
+    ]
+    short, long, late = translator.tokenizer.encode(texts)
+    options = SearchOptions(beam_size=beam_size, alignment=True)
+    batch = running_batch(translator.engine, beam_size)
+    found = {}
+    batch.join([Sentence(short, options, ticket="short")])
+    batch.step()
+    batch.step()
+    batch.join([Sentence(long, options, ticket="long")])
+    while "short" not in found:
+        found |= {f.sentence.ticket: f.hypotheses for f in batch.step()}
+    assert len(batch) == 1  # the long one runs on, alone
+    batch.step()
+    batch.join([Sentence(late, options, ticket="late")])
+    while len(batch):
+        found |= {f.sentence.ticket: f.hypotheses for f in batch.step()}
+    for ticket, source in (("short", short), ("long", long), ("late", late)):
+        assert same(found[ticket], alone(translator, source, options)), ticket
+
+
 def test_batches_of_two_beam_sizes_stepped_together_decode_as_they_do_alone(
     translator: Translator,
 ):

@@ -251,7 +251,9 @@ class RunningBatch(ABC):
     def _grow_history(self, new_rows: int) -> None:
         """Alignment rows for the new rows (zeros: before they joined), wide enough for every
         source; started for every row when the first sentence that wants it joins."""
-        shape = (self.rows, self.sequences.shape[1], self.engine.heads)
+        # Right-aligned steps, like the sequences, but cut on its own (see _keep): its own width.
+        steps = self.sequences.shape[1] if self.history is None else self.history.shape[1]
+        shape = (self.rows, steps, self.engine.heads)
         width = self.state.source_mask.shape[1]
         if self.history is None:
             self.history = np.zeros((*shape, width), dtype=np.float32)

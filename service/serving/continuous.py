@@ -399,7 +399,10 @@ class ContinuousScheduler(Scheduler):
             self._observer.observe_batch_failure(self.model)
         broken = self._batches.pop(key, None)
         items = [s.ticket for s in broken.sentences] if broken else []
-        for item in items + joining:
+        # A join that failed midway may have added some of `joining` to the batch already:
+        # each sentence is decoded (and answered) once.
+        items += [item for item in joining if all(item is not other for other in items)]
+        for item in items:
             if item.job.closed:
                 continue
             alone = self._new_batch(key)
