@@ -99,8 +99,9 @@ class DecoderState:
     Runtime reads it in place). Padding that no row needs any more is cut on the way only
     when it is a quarter or more of the cache (cutting copies everything); otherwise the next
     join, which copies everything anyway, cuts it. Moving in place is safe because a state's
-    arrays are its own: made by the encoder, a step or extend. The views per_source hands out
-    hold one source each, and one source never moves.
+    arrays are its own: made by the encoder, a step or extend, or its own rows of a step taken
+    together with other states (take_rows_of: disjoint slices, and moves stay within them).
+    The views per_source hands out hold one source each, and one source never moves.
     """
 
     cross: list[np.ndarray]
