@@ -127,7 +127,7 @@ class DecoderState:
         Only rows that move are copied (see the class docstring)."""
         past_mask = np.take(self.past_mask, rows, axis=0)
         columns = past_mask.shape[1]
-        first = int(np.argmax(past_mask.any(axis=0))) if past_mask.size else 0
+        first = _leading_padding(past_mask)
         if 4 * first >= columns > 0 or len(rows) > self.rows:
             # Cut the leading columns that are padding for every remaining row: one copy.
             self.past = [np.take(cache[:, :, first:], rows, axis=0) for cache in self.past]
@@ -184,18 +184,12 @@ class DecoderState:
         is copied once, into its new place, without the padding no row needs any more."""
         states = [self, *joining]
         width = max(int(state.source_mask.sum(axis=1).max(initial=0)) for state in states)
-        length = max(state.needed_columns() for state in states)
-        self.source_mask = _stacked([state.source_mask for state in states], axis=1, size=width)
-        self.cross = [
-            _stacked(list(layer), axis=2, size=width)
-            for layer in zip(*(state.cross for state in states), strict=True)
-        ]
-        self.past_mask = _stacked([state.past_mask for state in states], 1, length, left=True)
-        self.past = [
-            _stacked(list(layer), axis=2, size=length, left=True)
-            for layer in zip(*(state.past for state in states), strict=True)
-        ]
-        self.positions = np.concatenate([state.positions for state in states])
+        # the cache columns some row needs (in front of them: padding for every row)
+        length = max(s.past_mask.shape[1] - _leading_padding(s.past_mask) for s in states)
+        stacked = _stacked_states(states, width, length, row_per_source=False)
+        self.cross, self.source_mask = stacked.cross, stacked.source_mask
+        self.past, self.past_mask = stacked.past, stacked.past_mask
+        self.positions = stacked.positions
         vocabularies = [state.vocabulary for state in states]
         if all(vocabulary is not None for vocabulary in vocabularies):
             # The candidates of all (those of sentences that left stay: a superset is harmless)
@@ -211,27 +205,9 @@ class DecoderState:
         per source, for one step: every row gets its own copy of its source's cross keys and
         values. Sources right-padded to the widest, caches left-padded to the longest."""
 
-        def per_row(array: np.ndarray, state: DecoderState) -> np.ndarray:
-            return np.repeat(array, state.rows // state.sources, axis=0)
-
         width = max(state.source_mask.shape[1] for state in states)
         length = max(state.past_mask.shape[1] for state in states)
-        return DecoderState(
-            cross=[
-                _stacked(
-                    [per_row(array, s) for array, s in zip(layer, states, strict=True)], 2, width
-                )
-                for layer in zip(*(state.cross for state in states), strict=True)
-            ],
-            source_mask=_stacked([per_row(s.source_mask, s) for s in states], 1, width),
-            past=[
-                _stacked(list(layer), axis=2, size=length, left=True)
-                for layer in zip(*(state.past for state in states), strict=True)
-            ],
-            past_mask=_stacked([state.past_mask for state in states], 1, length, left=True),
-            positions=np.concatenate([state.positions for state in states]),
-            prefix=np.zeros((sum(state.rows for state in states), 0), dtype=np.int64),
-        )
+        return _stacked_states(states, width, length, row_per_source=True)
 
     def take_rows_of(self, stepped: DecoderState, start: int, stop: int) -> None:
         """After a step of rows_together(...): this state's rows are start..stop of `stepped`
@@ -240,13 +216,37 @@ class DecoderState:
         self.past_mask = stepped.past_mask[start:stop]
         self.positions = stepped.positions[start:stop]
 
-    def needed_columns(self) -> int:
-        """Self-attention cache columns that some row still needs (the rest, in front, are
-        padding for every row)."""
-        columns = self.past_mask.shape[1]
-        if not self.past_mask.size:
-            return 0
-        return columns - int(np.argmax(self.past_mask.any(axis=0)))
+
+def _leading_padding(past_mask: np.ndarray) -> int:
+    """Cache columns, in front, that are padding for every row of past_mask [rows, P]."""
+    return int(np.argmax(past_mask.any(axis=0))) if past_mask.size else 0
+
+
+def _stacked_states(
+    states: list[DecoderState], width: int, length: int, row_per_source: bool
+) -> DecoderState:
+    """The states' sources and rows one after the other: sources padded (right) to `width`,
+    caches (left) to `length` (both may cut padding). With row_per_source every row gets its
+    own copy of its source's keys/values (states of different rows per source, stepped as
+    one); otherwise sources stay shared by their rows."""
+
+    def sources(array: np.ndarray, state: DecoderState) -> np.ndarray:
+        return np.repeat(array, state.rows // state.sources, axis=0) if row_per_source else array
+
+    return DecoderState(
+        cross=[
+            _stacked([sources(a, s) for a, s in zip(layer, states, strict=True)], 2, width)
+            for layer in zip(*(state.cross for state in states), strict=True)
+        ],
+        source_mask=_stacked([sources(s.source_mask, s) for s in states], 1, width),
+        past=[
+            _stacked(list(layer), axis=2, size=length, left=True)
+            for layer in zip(*(state.past for state in states), strict=True)
+        ],
+        past_mask=_stacked([state.past_mask for state in states], 1, length, left=True),
+        positions=np.concatenate([state.positions for state in states]),
+        prefix=np.zeros((sum(state.rows for state in states), 0), dtype=np.int64),
+    )
 
 
 def _moved_in_place(array: np.ndarray, order: np.ndarray) -> np.ndarray:

@@ -234,14 +234,13 @@ class ContinuousScheduler(Scheduler):
             self._join(key, items)
             self._steps_since_join[key] = 0
         live = [key for key, batch in self._batches.items() if len(batch)]
+        if not live:
+            return False
         rows = sum(self._batches[key].rows for key in live)
         if self._step_together and len(live) > 1 and rows <= STEP_TOGETHER_ROWS:
             self._step(live)
-            return True
-        key = self._next_key()
-        if key is None:
-            return False
-        self._step([key])
+        else:
+            self._step([self._oldest(live)])
         return True
 
     def _rooms(self) -> dict[Hashable, Room]:
@@ -279,17 +278,13 @@ class ContinuousScheduler(Scheduler):
             self._batches[key] = self._new_batch(key)
         return self._batches[key]
 
-    def _next_key(self) -> Hashable | None:
-        """The beam size whose running batch holds the sentence queued first."""
-        live = [key for key, batch in self._batches.items() if len(batch)]
-        if len(live) < 2:
-            return live[0] if live else None
-        oldest: dict[Hashable, float] = {
-            key: min(s.ticket.enqueued for s in batch.sentences)
-            for key, batch in self._batches.items()
-            if len(batch)
-        }
-        return min(oldest, key=oldest.__getitem__) if oldest else None
+    def _oldest(self, live: list[Hashable]) -> Hashable:
+        """Of the beam sizes `live` (their batches not empty), the one whose running batch
+        holds the sentence queued first."""
+        if len(live) == 1:
+            return live[0]
+        oldest = {key: min(s.ticket.enqueued for s in self._batches[key].sentences) for key in live}
+        return min(oldest, key=oldest.__getitem__)
 
     def _join(self, key: Hashable, items: list[QueuedSentence]) -> None:
         items = [item for item in items if not item.job.closed]
@@ -401,7 +396,8 @@ class ContinuousScheduler(Scheduler):
         items = [s.ticket for s in broken.sentences] if broken else []
         # A join that failed midway may have added some of `joining` to the batch already:
         # each sentence is decoded (and answered) once.
-        items += [item for item in joining if all(item is not other for other in items)]
+        known = {id(item) for item in items}
+        items += [item for item in joining if id(item) not in known]
         for item in items:
             if item.job.closed:
                 continue
