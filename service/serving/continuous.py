@@ -62,9 +62,10 @@ log = logging.getLogger("nmt.scheduler")
 ENCODE_GROUP = 4
 
 # Running batches of different beam sizes take their steps together (one engine call) while
-# they hold this many rows in all, at most. Measured (fp32, one thread; greedy + beam 4, one
-# step together against one each): 0.78x the time at 5 rows, 0.88x at 10, 0.93x at 12, 0.97x
-# at 20, 1.01x at 24: each step together copies the rows' caches into one batch.
+# they hold this many rows in all, at most. Measured with `python -m bench.step_together`
+# (fp32, one thread; greedy + beam 4, one step together against one each): 0.75x-0.78x the
+# time at 5 rows, 0.88x at 10, 0.90x-0.93x at 12, 0.97x-1.03x at 20, 1.0x-1.07x at 24: each
+# step together copies the rows' caches into one batch.
 STEP_TOGETHER_ROWS = 16
 
 

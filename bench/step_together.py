@@ -1,0 +1,90 @@
+"""A greedy and a beam batch: one decoder step each, against one step of both together.
+
+    .venv/bin/python -m bench.step_together --model-dir build/models
+
+For each size (greedy sentences + beam sentences), both batches are filled with sentences of
+Multi30k's test set (or a built-in list), run a few steps, and then take one more step, apart
+(two engine calls) or together (`step_together`: one call), in turns, on fresh batches each
+time: a slow spell of the machine falls on both. Prints a markdown table of the medians and
+their ratio. This is how STEP_TOGETHER_ROWS (service/serving/continuous.py) was chosen.
+A benchmark, not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from bench.service_bench import MULTI30K_TEST, ensure_bundles, load_sentences
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.running_batch import RunningBatch, Sentence, running_batch, step_together
+from service.runtime.search import SearchOptions
+from service.runtime.translator import Translator
+from service.serving.registry import find_bundles
+
+SIZES = [(1, 1), (2, 2), (4, 2), (4, 4), (8, 4), (16, 4), (16, 8), (32, 8)]
+WARM_STEPS = 6  # caches of a few positions, as in a running batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, help="bundles folder (default: export one)")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+
+    with ExitStack() as stack:
+        model_dir = ensure_bundles(args.model_dir, stack)
+        options = EngineOptions(intra_op_threads=args.threads, spinning=False)
+        translator = Translator(load_bundle(find_bundles(model_dir)[0]), options)
+    texts, source = load_sentences(MULTI30K_TEST)
+    sources = translator.tokenizer.encode(texts[:64])
+    # Long limits: no sentence may end in the steps measured.
+    greedy_options = SearchOptions(max_length=300)
+    beam_options = SearchOptions(beam_size=args.beam, max_length=300)
+
+    def batches(greedy: int, beams: int) -> list[RunningBatch]:
+        made = [running_batch(translator.engine, 1), running_batch(translator.engine, args.beam)]
+        made[0].join([Sentence(s, greedy_options) for s in sources[:greedy]])
+        made[1].join([Sentence(s, beam_options) for s in sources[greedy : greedy + beams]])
+        for _ in range(WARM_STEPS):
+            for batch in made:
+                batch.step()
+        return made
+
+    def timed(greedy: int, beams: int, together: bool) -> float | None:
+        made = batches(greedy, beams)
+        if [len(batch) for batch in made] != [greedy, beams]:
+            return None  # a sentence ended while warming up: not this size
+        started = time.perf_counter()
+        if together:
+            step_together(made)
+        else:
+            for batch in made:
+                batch.step()
+        return time.perf_counter() - started
+
+    print(f"sentences {source}; {args.threads} thread(s); medians of {args.turns} turns")
+    print("| greedy + beam sentences | rows | apart ms | together ms | together / apart |")
+    print("|---|---:|---:|---:|---:|")
+    for greedy, beams in SIZES:
+        apart, together = [], []
+        for _ in range(args.turns):
+            for into, flag in ((apart, False), (together, True)):
+                seconds = timed(greedy, beams, flag)
+                if seconds is not None:
+                    into.append(seconds)
+        if not apart or not together:
+            continue
+        a, t = statistics.median(apart), statistics.median(together)
+        rows = greedy + args.beam * beams
+        print(f"| {greedy} + {beams} | {rows} | {a * 1e3:.2f} | {t * 1e3:.2f} | {t / a:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
