@@ -3,10 +3,12 @@
     .venv/bin/python -m bench.step_together --model-dir build/models
 
 For each size (greedy sentences + beam sentences), both batches are filled with sentences of
-Multi30k's test set (or a built-in list), run a few steps, and then take one more step, apart
-(two engine calls) or together (`step_together`: one call), in turns, on fresh batches each
-time: a slow spell of the machine falls on both. Prints a markdown table of the medians and
-their ratio. This is how STEP_TOGETHER_ROWS (service/serving/continuous.py) was chosen.
+Multi30k's test set (or a built-in list), run a few steps, and then take `--steps` more steps,
+apart (two engine calls a step) or together (`step_together`: one call), in turns, on fresh
+batches each time: a slow spell of the machine falls on both. The first step together stacks
+the batches' caches; the next ones go on from it while nobody joins or leaves. Prints a
+markdown table of the medians (per step) and their ratio. This is how STEP_TOGETHER_ROWS
+(service/serving/continuous.py) was chosen.
 A benchmark, not a test: it asserts nothing.
 """
 
@@ -26,7 +28,7 @@ from service.runtime.search import SearchOptions
 from service.runtime.translator import Translator
 from service.serving.registry import find_bundles
 
-SIZES = [(1, 1), (2, 2), (4, 2), (4, 4), (8, 4), (16, 4), (16, 8), (32, 8)]
+SIZES = [(1, 1), (2, 2), (4, 2), (4, 4), (8, 4), (16, 4), (16, 8), (32, 8), (32, 16)]
 WARM_STEPS = 6  # caches of a few positions, as in a running batch
 
 
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--turns", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=4, help="steps timed in a row")
     args = parser.parse_args()
 
     with ExitStack() as stack:
@@ -43,7 +46,8 @@ def main() -> None:
         options = EngineOptions(intra_op_threads=args.threads, spinning=False)
         translator = Translator(load_bundle(find_bundles(model_dir)[0]), options)
     texts, source = load_sentences(MULTI30K_TEST)
-    sources = translator.tokenizer.encode(texts[:64])
+    # The longest: none may end within the steps measured.
+    sources = sorted(translator.tokenizer.encode(texts), key=len, reverse=True)[:64]
     # Long limits: no sentence may end in the steps measured.
     greedy_options = SearchOptions(max_length=300)
     beam_options = SearchOptions(beam_size=args.beam, max_length=300)
@@ -62,15 +66,22 @@ def main() -> None:
         if [len(batch) for batch in made] != [greedy, beams]:
             return None  # a sentence ended while warming up: not this size
         started = time.perf_counter()
-        if together:
-            step_together(made)
-        else:
-            for batch in made:
-                batch.step()
-        return time.perf_counter() - started
+        for _ in range(args.steps):
+            if together:
+                step_together(made)
+            else:
+                for batch in made:
+                    batch.step()
+        seconds = time.perf_counter() - started
+        if [len(batch) for batch in made] != [greedy, beams]:
+            return None  # a sentence ended while timed: a leave, not a step
+        return seconds / args.steps
 
-    print(f"sentences {source}; {args.threads} thread(s); medians of {args.turns} turns")
-    print("| greedy + beam sentences | rows | apart ms | together ms | together / apart |")
+    print(
+        f"sentences {source}; {args.threads} thread(s); {args.steps} steps in a row; "
+        f"medians of {args.turns} turns"
+    )
+    print("| greedy + beam sentences | rows | apart, ms a step | together, ms a step | ratio |")
     print("|---|---:|---:|---:|---:|")
     for greedy, beams in SIZES:
         apart, together = [], []

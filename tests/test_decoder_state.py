@@ -118,3 +118,65 @@ def test_a_join_cuts_the_padding_the_leavers_left_and_keeps_every_row_right_alig
         assert not new[2, :, 2:].any()
     assert decoder.source_mask.sum(axis=1).tolist() == [4, 5, 2]
     np.testing.assert_array_equal(decoder.positions, [5, 5, 0])
+
+
+def stepped_together(states: list[DecoderState]) -> DecoderState:
+    """What a step of states taken together leaves behind, without a model: their rows as one
+    state (going on from the last step where it can) whose caches got one new column each,
+    and every state holding its rows of it, as step_together does."""
+    together = DecoderState.went_on_together(states) or DecoderState.rows_together(states)
+    rng = np.random.default_rng(together.rows)
+    new = rng.standard_normal((together.rows, HEADS, 1, HEAD_DIM)).astype(np.float32)
+    together.past = [np.concatenate([cache, new], axis=2) for cache in together.past]
+    together.past_mask = np.concatenate(
+        [together.past_mask, np.ones((together.rows, 1), dtype=bool)], axis=1
+    )
+    together.positions = together.positions + 1
+    start = 0
+    for part in states:
+        part.take_rows_of(together, start, start + part.rows)
+        start += part.rows
+    return together
+
+
+def test_a_step_together_goes_on_from_the_last_while_nobody_joins_or_leaves() -> None:
+    greedy = state(rows=2, past=3, source_lengths=[4, 2], joined=[0, 1])
+    beams = state(rows=6, past=5, source_lengths=[3, 5], joined=[0] * 6)  # 3 beams a source
+    last = stepped_together([greedy, beams])
+    # The beams reorder within their sentences: most rows move, still in place.
+    beams.select_rows(np.array([1, 1, 0, 5, 3, 3]))
+    went_on = DecoderState.went_on_together([greedy, beams])
+    assert went_on is not None
+    restacked = DecoderState.rows_together([greedy, beams])  # what it would copy
+    for mine, copied, old in zip(went_on.past, restacked.past, last.past, strict=True):
+        np.testing.assert_array_equal(mine, copied)
+        assert mine is old  # the last step's caches, not a copy
+    for mine, copied in zip(went_on.cross, restacked.cross, strict=True):
+        np.testing.assert_array_equal(mine, copied)  # one copy per row, of its own source
+    np.testing.assert_array_equal(went_on.source_mask, restacked.source_mask)
+    np.testing.assert_array_equal(went_on.past_mask, restacked.past_mask)
+    np.testing.assert_array_equal(went_on.positions, restacked.positions)
+
+
+def test_a_step_together_stacks_again_after_any_change() -> None:
+    def two() -> list[DecoderState]:
+        parts = [
+            state(rows=2, past=3, source_lengths=[4, 2], joined=[0, 1]),
+            state(rows=4, past=2, source_lengths=[3, 5], joined=[0] * 4),
+        ]
+        stepped_together(parts)
+        return parts
+
+    greedy, beams = two()
+    assert DecoderState.went_on_together([beams, greedy]) is None  # another order
+    greedy, beams = two()
+    assert DecoderState.went_on_together([greedy]) is None  # not all of them
+    greedy, beams = two()
+    beams.select_rows(np.array([2, 3]))  # a sentence left
+    assert DecoderState.went_on_together([greedy, beams]) is None
+    greedy, beams = two()
+    greedy.extend(state(rows=1, past=0, source_lengths=[3], joined=[0]))  # one joined
+    assert DecoderState.went_on_together([greedy, beams]) is None
+    greedy, beams = two()
+    beams.past = [cache.copy() for cache in beams.past]  # (a step alone replaces them)
+    assert DecoderState.went_on_together([greedy, beams]) is None

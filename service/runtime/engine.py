@@ -112,6 +112,10 @@ class DecoderState:
     prefix: np.ndarray
     vocabulary: np.ndarray | None = None
     projection: np.ndarray | None = None
+    # After a step taken together with other states (take_rows_of): that step's state and the
+    # first of our rows in it. Our caches are then views of its caches, and the next step
+    # together can go on from it without stacking them again (went_on_together).
+    together: tuple[DecoderState, int] | None = None
 
     @property
     def rows(self) -> int:
@@ -124,11 +128,17 @@ class DecoderState:
     def select_rows(self, rows: np.ndarray) -> None:
         """Keep (and reorder) rows of the self-attention cache: rows[i] is the row that new
         row i continues (beam search reorders by beam origin; finished rows are left out).
-        Only rows that move are copied (see the class docstring)."""
+        Only rows that move are copied (see the class docstring). Rows of a step taken
+        together always move in place, and keep its padding: the next step together then goes
+        on from that step's caches instead of copying them all."""
         past_mask = np.take(self.past_mask, rows, axis=0)
         columns = past_mask.shape[1]
         first = _leading_padding(past_mask)
-        if 4 * first >= columns > 0 or len(rows) > self.rows:
+        if len(rows) != self.rows:  # rows left: the next step together stacks them again
+            self.together = None
+        if self.together is not None:
+            self.past = [_moved_in_place(cache, rows, always=True) for cache in self.past]
+        elif 4 * first >= columns > 0 or len(rows) > self.rows:
             # Cut the leading columns that are padding for every remaining row: one copy.
             self.past = [np.take(cache[:, :, first:], rows, axis=0) for cache in self.past]
             past_mask = past_mask[:, first:]
@@ -190,6 +200,7 @@ class DecoderState:
         self.cross, self.source_mask = stacked.cross, stacked.source_mask
         self.past, self.past_mask = stacked.past, stacked.past_mask
         self.positions = stacked.positions
+        self.together = None
         vocabularies = [state.vocabulary for state in states]
         if all(vocabulary is not None for vocabulary in vocabularies):
             # The candidates of all (those of sentences that left stay: a superset is harmless)
@@ -215,6 +226,42 @@ class DecoderState:
         self.past = [cache[start:stop] for cache in stepped.past]
         self.past_mask = stepped.past_mask[start:stop]
         self.positions = stepped.positions[start:stop]
+        self.together = (stepped, start)
+
+    @staticmethod
+    def went_on_together(states: list[DecoderState]) -> DecoderState | None:
+        """rows_together(states) without copying the caches, where the states are the rows of
+        the last step taken together, in the same order, and each one's caches are still
+        views of that step's, in their places: nobody joined or left since (beams reordered
+        in place). The cross keys/values (one copy per row) are that step's too: reordered
+        beams share their source. None otherwise."""
+        if not states or states[0].together is None:
+            return None
+        previous = states[0].together[0]
+        start = 0
+        for state in states:
+            if state.together is None or state.together != (previous, start):
+                return None
+            for mine, whole in zip(state.past, previous.past, strict=True):
+                if mine.shape != (state.rows, *whole.shape[1:]) or _address(mine) != (
+                    _address(whole) + start * whole.strides[0]
+                ):
+                    return None
+            start += state.rows
+        if start != previous.rows:
+            return None
+        return DecoderState(
+            cross=previous.cross,
+            source_mask=previous.source_mask,
+            past=previous.past,
+            past_mask=np.concatenate([state.past_mask for state in states]),
+            positions=np.concatenate([state.positions for state in states]),
+            prefix=previous.prefix,
+        )
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
 
 
 def _leading_padding(past_mask: np.ndarray) -> int:
@@ -249,13 +296,13 @@ def _stacked_states(
     )
 
 
-def _moved_in_place(array: np.ndarray, order: np.ndarray) -> np.ndarray:
+def _moved_in_place(array: np.ndarray, order: np.ndarray, always: bool = False) -> np.ndarray:
     """array[order] along axis 0 (len(order) <= len(array)), written into array itself: only
     the entries that change places are copied. Returns the leading len(order) entries. Where
-    most entries move (beams reordered), one gather into a new array is cheaper: moving in
-    place copies each moved entry twice (gathered, then written)."""
+    most entries move (beams reordered), one gather into a new array is cheaper, unless
+    `always`: moving in place copies each moved entry twice (gathered, then written)."""
     moved = np.flatnonzero(order != np.arange(len(order)))
-    if 2 * len(moved) > len(order):
+    if 2 * len(moved) > len(order) and not always:
         return np.take(array, order, axis=0)
     if len(moved):
         array[moved] = array[order[moved]]  # the right side is gathered before it is written
@@ -453,6 +500,7 @@ class Engine:
         values = self.decoder.run(outputs + extra + self.present_names, feeds)
         found = dict(zip(outputs + extra, values, strict=False))
         state.past = values[len(outputs) + len(extra) :]
+        state.together = None  # (if it was) its caches are its own again
         if attention:  # [rows, L, H, S]
             found = {name: found[name] for name in (*outputs, "alignment") if name in found} | {
                 "attention": np.stack([found[name] for name in self.attention_names], axis=1)

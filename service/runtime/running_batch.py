@@ -593,7 +593,8 @@ def step_together(batches: list[RunningBatch]) -> list[list[Finished]]:
     if len(live) < 2 or engine.shortlist is not None or not engine.options.use_cache:
         # (a shortlist's candidates are per batch; the no-cache decoder is for benchmarks)
         return [batch.step() for batch in batches]
-    together = DecoderState.rows_together([batch.state for batch in live])
+    states = [batch.state for batch in live]
+    together = DecoderState.went_on_together(states) or DecoderState.rows_together(states)
     top_k = max(batch._top_k() for batch in live)
     want_attention = any(batch._wants_alignment() for batch in live)
     feed = np.concatenate([batch.feed for batch in live])

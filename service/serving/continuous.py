@@ -63,9 +63,14 @@ ENCODE_GROUP = 4
 
 # Running batches of different beam sizes take their steps together (one engine call) while
 # they hold this many rows in all, at most. Measured with `python -m bench.step_together`
-# (fp32, one thread; greedy + beam 4, one step together against one each): 0.75x-0.78x the
-# time at 5 rows, 0.88x at 10, 0.90x-0.93x at 12, 0.97x-1.03x at 20, 1.0x-1.07x at 24: each
-# step together copies the rows' caches into one batch.
+# (fp32, one thread; greedy + beam 4, per step, four steps in a row against one each): the
+# first step together stacks the rows' caches into one batch (one copy of them all, and a copy
+# of the cross keys/values per row); the next ones go on from it while nobody joins or leaves.
+# Four steps in a row: 0.78x the time at 5 rows, 0.81x at 10-12, 0.89x-0.93x at 20-32, 1.0x at
+# 48, 1.2x at 64. But in a server, sentences join or leave every few steps, and each time the
+# next step together stacks again: one step after stacking is 0.83x at 5 rows, 0.95x-0.99x at
+# 10-12, 1.05x-1.14x at 20-32. A limit of 32 instead of 16 gave a worse p99 at 70% load on
+# the mix of greedy and beam 4 (515 against 437 ms, the same arrivals, side by side).
 STEP_TOGETHER_ROWS = 16
 
 
