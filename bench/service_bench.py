@@ -8,8 +8,9 @@ checkpoint, exported to a temporary folder, unless --model-dir is given): NMT_BA
 join and leave the running batch between decoder steps). Both get the same engine threads.
 
 * Closed loop: 1, 8, 32 and 64 clients, greedy, each sending its next one-sentence request when
-  the previous one is answered. The work alternates between the servers in halves, in mirrored
-  order (A, B, B, A), so that a change in background load hits both alike. Throughput is the
+  the previous one is answered. The work alternates between the servers in rounds (halves, or
+  more where the level is quick: at least 8 requests per client a round), in mirrored order
+  (A, B, B, A, ...), so that a change in background load hits both alike. Throughput is the
   steady state's, without the start (all clients at once) and the end (fewer and fewer).
 * Open loop: Poisson arrivals at 50%, 70% and 90% of the measured capacity (the closed-loop
   throughput of the lower of the two at 64 clients on the same mix), the same arrival times
@@ -78,6 +79,7 @@ FALLBACK_SENTENCES = [
 ]
 REQUEST, CONTINUOUS = "request", "continuous"
 SERVERS = (REQUEST, CONTINUOUS)
+ROUND_REQUESTS = 8  # closed loop: requests per client in a round, at least
 MIX = (1, 4)  # open loop: half greedy, half beam 4
 
 
@@ -260,6 +262,17 @@ async def closed_loop(
     if window is None:
         return latencies, errors, ended - started, len(latencies)
     return latencies, errors, *window
+
+
+def rounds(work: list[tuple[str, int]], clients: int) -> list[list[tuple[str, int]]]:
+    """A closed loop's work cut into rounds, each played by both servers in turn: an even
+    number of them, at least 8 requests per client each, two at least (halves). A lone
+    client answers 96 requests in a few seconds: many short rounds let a slow spell of the
+    machine fall on both servers alike."""
+    count = max(2, len(work) // (ROUND_REQUESTS * clients))
+    count -= count % 2
+    size = -(-len(work) // count)
+    return [work[start : start + size] for start in range(0, len(work), size)]
 
 
 def steady_window(
@@ -525,7 +538,7 @@ def main() -> None:
     parser.add_argument("--requests-per-client", type=int, default=12)
     parser.add_argument("--min-requests", type=int, default=48)
     parser.add_argument("--loads", default="0.5,0.7,0.9", help="open loop shares of capacity")
-    parser.add_argument("--open-seconds", type=float, default=30.0)
+    parser.add_argument("--open-seconds", type=float, default=60.0)
     parser.add_argument(
         "--threads", type=int, default=0, help="engine threads (0: the server's default)"
     )
@@ -586,9 +599,10 @@ def main() -> None:
             level = {name: Run(name, f"{clients} clients") for name in SERVERS}
             for server_ in served.values():  # warm the connections and the shapes
                 asyncio.run(closed_loop(server_.url, work[: min(clients, 8)], clients))
-            for half, name in enumerate(order):
-                part = work[: count // 2] if half < 2 else work[count // 2 :]
-                measure(level[name], served[name], closed_loop(served[name].url, part, clients))
+            for number, part in enumerate(rounds(work, clients)):
+                for name in SERVERS if number % 2 == 0 else reversed(SERVERS):
+                    load = closed_loop(served[name].url, part, clients)
+                    measure(level[name], served[name], load)
             before, after = engine.runs[-1][32], engine.measure()[32]
             for run in level.values():
                 run.ceiling = (before + after) / 2

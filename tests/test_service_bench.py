@@ -1,11 +1,11 @@
-"""bench/service_bench.py's steady-state window, on made-up answer times (the real run takes
-minutes and asserts nothing)."""
+"""bench/service_bench.py's steady-state window and closed-loop rounds, on made-up data (the
+real run takes minutes and asserts nothing)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.service_bench import steady_window
+from bench.service_bench import rounds, steady_window
 
 
 def test_the_window_leaves_out_the_start_and_the_end() -> None:
@@ -26,3 +26,13 @@ def test_too_short_a_run_falls_back_to_the_whole_run() -> None:
     few = [0.1 * i for i in range(1, 30)]
     assert steady_window(few, clients=8, ran_out=1.0) is None  # 2 answers in the window
     assert steady_window(few, clients=1, ran_out=None) is None  # the work never ran out
+
+
+def test_a_closed_loop_is_cut_into_an_even_number_of_rounds_of_every_request() -> None:
+    work = [(f"sentence {i}", 1) for i in range(96)]
+    lone = rounds(work, clients=1)  # 8 requests a round: 12 rounds
+    assert len(lone) == 12 and all(len(part) == 8 for part in lone)
+    assert [item for part in lone for item in part] == work  # each once, in order
+    assert len(rounds(work, clients=8)) == 2  # halves at least
+    uneven = rounds(work[:90], clients=2)  # 5 rounds of 8 would do: 4, of 23 or fewer
+    assert len(uneven) == 4 and sum(map(len, uneven)) == 90
