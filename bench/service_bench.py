@@ -96,6 +96,7 @@ class Run:
     sentence_steps: float = 0.0  # sentences decoded at those steps, summed
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds: engine, server, client
     ceiling: float = float("nan")  # the engine alone at batch 32 around this run, sentences/s
+    rounds: list[float] = field(default_factory=list)  # closed loop: each round's requests/s
 
     @property
     def throughput(self) -> float:
@@ -336,6 +337,7 @@ def measure(run: Run, served: Served, load: Coroutine) -> None:
     steps = after["nmt_decode_steps_total"] - before["nmt_decode_steps_total"]
     tokens = after["nmt_output_tokens_total"] - before["nmt_output_tokens_total"]
     run.requests += len(latencies)
+    run.rounds.append(counted / seconds)
     run.counted += counted
     run.seconds += seconds
     run.latencies += latencies
@@ -438,6 +440,26 @@ def _row(run: Run, extra: str = "") -> str:
     )
 
 
+def paired_rounds(closed: list[Run]) -> list[str]:
+    """A line per closed-loop level played in 4 rounds or more: continuous over request-level
+    requests/s round by round (each round's requests on both servers in turn), median and
+    range. Drift of the machine between rounds falls out of each ratio."""
+    runs = {(run.label, run.batching): run for run in closed}
+    lines = []
+    for label in dict.fromkeys(run.label for run in closed):
+        request, continuous = runs[label, REQUEST], runs[label, CONTINUOUS]
+        if len(request.rounds) < 4 or len(request.rounds) != len(continuous.rounds):
+            continue
+        ratios = [c / r for c, r in zip(continuous.rounds, request.rounds, strict=True)]
+        median = statistics.median(ratios)
+        lines.append(
+            f"{label}, round by round ({len(ratios)} rounds, each played by both servers in "
+            f"turn): continuous / request-level requests/s, median {median:.2f}x, "
+            f"from {min(ratios):.2f}x to {max(ratios):.2f}x."
+        )
+    return lines
+
+
 def report(
     closed: list[Run],
     opened: list[Run],
@@ -486,6 +508,7 @@ def report(
     for run in closed:
         lines.append(_row(run, f" {run.throughput / run.ceiling:.0%} |"))
     batch_1, batch_32 = ([f"{r[batch]:.1f}" for r in engine] for batch in (1, 32))
+    lines += ["", *paired_rounds(closed)]
     lines += [
         "",
         "The engine alone (its own process, no HTTP), greedy, in sentences/s, before each level "

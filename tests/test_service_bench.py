@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.service_bench import rounds, steady_window
+from bench.service_bench import CONTINUOUS, REQUEST, Run, paired_rounds, rounds, steady_window
 
 
 def test_the_window_leaves_out_the_start_and_the_end() -> None:
@@ -36,3 +36,18 @@ def test_a_closed_loop_is_cut_into_an_even_number_of_rounds_of_every_request() -
     assert len(rounds(work, clients=8)) == 2  # halves at least
     uneven = rounds(work[:90], clients=2)  # 5 rounds of 8 would do: 4, of 23 or fewer
     assert len(uneven) == 4 and sum(map(len, uneven)) == 90
+
+
+def test_rounds_are_compared_pair_by_pair() -> None:
+    def run(batching: str, label: str, rounds: list[float]) -> Run:
+        return Run(batching, label, rounds=rounds)
+
+    # The machine slowed down in the last two rounds: both servers alike.
+    lone = [
+        run(REQUEST, "1 clients", [20, 20, 10, 10]),
+        run(CONTINUOUS, "1 clients", [21, 19, 11, 9]),
+    ]
+    halves = [run(REQUEST, "32 clients", [80, 90]), run(CONTINUOUS, "32 clients", [100, 110])]
+    (line,) = paired_rounds(lone + halves)  # two rounds: no line
+    assert line.startswith("1 clients, round by round (4 rounds")
+    assert "median 1.00x, from 0.90x to 1.10x" in line
