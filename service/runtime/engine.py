@@ -136,14 +136,13 @@ class DecoderState:
         first = _leading_padding(past_mask)
         if len(rows) != self.rows:  # rows left: the next step together stacks them again
             self.together = None
-        if self.together is not None:
-            self.past = [_moved_in_place(cache, rows, always=True) for cache in self.past]
-        elif 4 * first >= columns > 0 or len(rows) > self.rows:
+        if self.together is None and (4 * first >= columns > 0 or len(rows) > self.rows):
             # Cut the leading columns that are padding for every remaining row: one copy.
             self.past = [np.take(cache[:, :, first:], rows, axis=0) for cache in self.past]
             past_mask = past_mask[:, first:]
         else:
-            self.past = [_moved_in_place(cache, rows) for cache in self.past]
+            moves = _Moves(rows, always=self.together is not None)  # the same for every cache
+            self.past = [moves.apply(cache) for cache in self.past]
         self.past_mask = np.ascontiguousarray(past_mask)
         self.positions = np.take(self.positions, rows)
         self.prefix = np.take(self.prefix, rows, axis=0)
@@ -164,7 +163,8 @@ class DecoderState:
             ]
             source_mask = source_mask[:, :width]
         else:
-            self.cross = [_moved_in_place(cache, sources) for cache in self.cross]
+            moves = _Moves(sources)
+            self.cross = [moves.apply(cache) for cache in self.cross]
         self.source_mask = np.ascontiguousarray(source_mask)
 
     def per_source(self) -> list[DecoderState]:
@@ -296,17 +296,26 @@ def _stacked_states(
     )
 
 
-def _moved_in_place(array: np.ndarray, order: np.ndarray, always: bool = False) -> np.ndarray:
+class _Moves:
     """array[order] along axis 0 (len(order) <= len(array)), written into array itself: only
-    the entries that change places are copied. Returns the leading len(order) entries. Where
-    most entries move (beams reordered), one gather into a new array is cheaper, unless
-    `always`: moving in place copies each moved entry twice (gathered, then written)."""
-    moved = np.flatnonzero(order != np.arange(len(order)))
-    if 2 * len(moved) > len(order) and not always:
-        return np.take(array, order, axis=0)
-    if len(moved):
-        array[moved] = array[order[moved]]  # the right side is gathered before it is written
-    return array[: len(order)]
+    the entries that change places are copied, and apply() returns the leading len(order)
+    entries. Where most entries move (beams reordered), one gather into a new array is
+    cheaper, unless `always`: moving in place copies each moved entry twice (gathered, then
+    written). Which entries move is worked out once, for every array moved the same way
+    (the caches of all layers)."""
+
+    def __init__(self, order: np.ndarray, always: bool = False) -> None:
+        self.order = order
+        self.moved = np.flatnonzero(order != np.arange(len(order)))
+        self.gather = 2 * len(self.moved) > len(order) and not always
+        self.sources = order[self.moved]
+
+    def apply(self, array: np.ndarray) -> np.ndarray:
+        if self.gather:
+            return np.take(array, self.order, axis=0)
+        if len(self.moved):
+            array[self.moved] = array[self.sources]  # the right side is gathered first
+        return array[: len(self.order)]
 
 
 def _stacked(parts: list[np.ndarray], axis: int, size: int, left: bool = False) -> np.ndarray:

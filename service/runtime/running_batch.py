@@ -307,8 +307,12 @@ class RunningBatch(ABC):
     def _closers(self) -> np.ndarray:
         """[rows, MAX_REPEAT_NGRAM]: the tokens that would make each row repeat an n-gram
         once too often (-1: none), under its own sentence's max_repeats."""
+        repeats = self.per_sentence.repeats
+        if (repeats == repeats[0]).all():  # one setting for all (a server's): no row picking
+            window = MAX_REPEAT_NGRAM * (int(repeats[0]) + 1)
+            return repeat_closers(self.sequences[:, -window:], int(repeats[0]))
         closers = np.full((self.rows, MAX_REPEAT_NGRAM), -1, dtype=np.int64)
-        repeats_of_row = np.repeat(self.per_sentence.repeats, self.beams)
+        repeats_of_row = np.repeat(repeats, self.beams)
         for repeats in np.unique(repeats_of_row[repeats_of_row > 0]):
             rows = np.flatnonzero(repeats_of_row == repeats)
             window = MAX_REPEAT_NGRAM * (int(repeats) + 1)
@@ -338,13 +342,15 @@ class RunningBatch(ABC):
         row rows[j], so beams may be reordered) that feed `feed` next. The sentences after
         the last kept place fill the places of those that left, so that the caches of the
         others do not move (DecoderState copies only what moves)."""
-        order = _filling_holes(kept)
-        kept = kept[order]
-        rows = rows.reshape(len(order), self.beams)[order].reshape(-1)
-        feed = feed.reshape(len(order), self.beams)[order].reshape(-1)
-        self._kept(kept)
-        self.sentences = [self.sentences[i] for i in kept]
-        self.per_sentence.keep(kept)
+        everyone = len(kept) == len(self.sentences)  # most steps: nobody left, none moves
+        if not everyone:
+            order = _filling_holes(kept)
+            kept = kept[order]
+            rows = rows.reshape(len(order), self.beams)[order].reshape(-1)
+            feed = feed.reshape(len(order), self.beams)[order].reshape(-1)
+            self._kept(kept)
+            self.sentences = [self.sentences[i] for i in kept]
+            self.per_sentence.keep(kept)
         if not self.sentences:
             self.state, self.history = None, None
             self.sequences = np.zeros((0, 0), dtype=np.int64)
@@ -511,10 +517,13 @@ class BeamBatch(RunningBatch):
             candidates[at_limit, :, 0] = self.scores[at_limit]
             candidates[at_limit, :, 1:] = -np.inf
         candidates = candidates.reshape(live, -1)
-        top, top_scores = _top_candidates(candidates, 2 * width)  # [live, 2K], best first
-        first_row = np.arange(live)[:, None] * width
+        line = np.arange(live)[:, None]  # (indexes each sentence's own line of a [live, n])
+        # The 2K best candidates of each sentence, best first (ties: the lower index first).
+        top = np.argsort(-candidates, axis=1, kind="stable")[:, : 2 * width]  # [live, 2K]
+        top_scores = candidates[line, top]
+        first_row = line * width
         top_row = first_row + top // per_beam  # the beam (row) each candidate continues
-        top_token = _along(top_ids.reshape(live, -1), top)
+        top_token = top_ids.reshape(live, -1)[line, top]
         valid = top_scores > -np.inf
         ends = valid & ((top_token == eos) | at_limit[:, None])
 
@@ -534,10 +543,10 @@ class BeamBatch(RunningBatch):
         # The K best of the others stay open (fewer only when the sentence is done anyway).
         open_ = valid & ~ends
         pick = np.argsort(~open_, axis=1, kind="stable")[:, :width]  # open first, by rank
-        picked = _along(open_, pick)  # [live, K]
-        next_scores = np.where(picked, _along(top_scores, pick), -np.inf)
-        next_rows = np.where(picked, _along(top_row, pick), first_row)
-        next_tokens = np.where(picked, _along(top_token, pick), self.engine.pad_id)
+        picked = open_[line, pick]  # [live, K]
+        next_scores = np.where(picked, top_scores[line, pick], -np.inf)
+        next_rows = np.where(picked, top_row[line, pick], first_row)
+        next_tokens = np.where(picked, top_token[line, pick], self.engine.pad_id)
 
         complete = np.isfinite(self.kth_best)
         cannot_improve = next_scores.max(axis=1) / length**penalty <= self.kth_best
@@ -634,18 +643,3 @@ def _filling_holes(kept: np.ndarray) -> np.ndarray:
     hole[kept[stays]] = False
     order[hole] = np.flatnonzero(~stays)
     return order
-
-
-def _top_candidates(candidates: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The `count` best entries of each row of candidates [m, n], best first."""
-    count = min(count, candidates.shape[1])
-    top = np.argpartition(-candidates, count - 1, axis=1)[:, :count]
-    top_scores = _along(candidates, top)
-    order = np.argsort(-top_scores, axis=1, kind="stable")
-    return _along(top, order), _along(top_scores, order)
-
-
-def _along(array: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """array[i, index[i, j]] for 2-D arrays: np.take_along_axis(array, index, axis=1) without
-    its generic checks, which cost more than the indexing at the sizes of one step."""
-    return array[np.arange(len(index))[:, None], index]
