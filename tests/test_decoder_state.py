@@ -120,6 +120,31 @@ def test_a_join_cuts_the_padding_the_leavers_left_and_keeps_every_row_right_alig
     np.testing.assert_array_equal(decoder.positions, [5, 5, 0])
 
 
+def test_rows_together_equal_numpy_repeat_and_padding() -> None:
+    greedy = state(rows=2, past=3, source_lengths=[4, 2], joined=[0, 1])
+    beams = state(rows=6, past=5, source_lengths=[3, 5], joined=[0, 0, 0, 2, 2, 2])
+    together = DecoderState.rows_together([greedy, beams])  # 3 beams a source: 3 copies each
+
+    def expected(arrays: list[np.ndarray], copies: list[int], axis: int, size: int, left: bool):
+        padded = []
+        for array, count in zip(arrays, copies, strict=True):
+            widths = [(0, 0)] * array.ndim
+            missing = size - array.shape[axis]
+            widths[axis] = (missing, 0) if left else (0, missing)
+            padded.append(np.pad(np.repeat(array, count, axis=0), widths))
+        return np.concatenate(padded)
+
+    for mine, a, b in zip(together.cross, greedy.cross, beams.cross, strict=True):
+        np.testing.assert_array_equal(mine, expected([a, b], [1, 3], 2, 5, left=False))
+    masks = [greedy.source_mask, beams.source_mask]
+    np.testing.assert_array_equal(together.source_mask, expected(masks, [1, 3], 1, 5, False))
+    for mine, a, b in zip(together.past, greedy.past, beams.past, strict=True):
+        np.testing.assert_array_equal(mine, expected([a, b], [1, 1], 2, 5, left=True))
+    masks = [greedy.past_mask, beams.past_mask]
+    np.testing.assert_array_equal(together.past_mask, expected(masks, [1, 1], 1, 5, True))
+    np.testing.assert_array_equal(together.positions, [3, 2, 5, 5, 5, 3, 3, 3])
+
+
 def stepped_together(states: list[DecoderState]) -> DecoderState:
     """What a step of states taken together leaves behind, without a model: their rows as one
     state (going on from the last step where it can) whose caches got one new column each,

@@ -277,15 +277,14 @@ def _stacked_states(
     own copy of its source's keys/values (states of different rows per source, stepped as
     one); otherwise sources stay shared by their rows."""
 
-    def sources(array: np.ndarray, state: DecoderState) -> np.ndarray:
-        return np.repeat(array, state.rows // state.sources, axis=0) if row_per_source else array
-
+    # How many times each state's sources are written: once per row, or once.
+    copies = [state.rows // state.sources if row_per_source else 1 for state in states]
     return DecoderState(
         cross=[
-            _stacked([sources(a, s) for a, s in zip(layer, states, strict=True)], 2, width)
+            _stacked(list(layer), axis=2, size=width, copies=copies)
             for layer in zip(*(state.cross for state in states), strict=True)
         ],
-        source_mask=_stacked([sources(s.source_mask, s) for s in states], 1, width),
+        source_mask=_stacked([s.source_mask for s in states], 1, width, copies=copies),
         past=[
             _stacked(list(layer), axis=2, size=length, left=True)
             for layer in zip(*(state.past for state in states), strict=True)
@@ -318,23 +317,35 @@ class _Moves:
         return array[: len(self.order)]
 
 
-def _stacked(parts: list[np.ndarray], axis: int, size: int, left: bool = False) -> np.ndarray:
+def _stacked(
+    parts: list[np.ndarray],
+    axis: int,
+    size: int,
+    left: bool = False,
+    copies: list[int] | None = None,
+) -> np.ndarray:
     """The parts one after the other along axis 0, each zero-padded (False for masks) along
-    `axis` to `size`, at its end or its start (left): one new array, each part copied once.
-    A part wider than `size` keeps only its first `size` (left: last) entries along `axis`:
-    the caller knows the rest are padding."""
+    `axis` to `size`, at its end or its start (left): one new array, each part copied once,
+    or, with `copies`, each of a part's entries copies[i] times in a row (np.repeat, written
+    straight into its place). A part wider than `size` keeps only its first `size` (left:
+    last) entries along `axis`: the caller knows the rest are padding."""
+    copies = copies or [1] * len(parts)
     shape = list(parts[0].shape)
-    shape[0], shape[axis] = sum(len(part) for part in parts), size
+    shape[0] = sum(len(part) * count for part, count in zip(parts, copies, strict=True))
+    shape[axis] = size
     out = np.zeros(shape, dtype=parts[0].dtype)
     start = 0
-    for part in parts:
+    for part, count in zip(parts, copies, strict=True):
+        # Its place, seen as [entries, copies, ...]: the part broadcasts over the copies.
+        rows = len(part) * count
+        target = out[start : start + rows].reshape(len(part), count, *shape[1:], copy=False)
         width = min(part.shape[axis], size)
-        place = [slice(start, start + len(part))] + [slice(None)] * (part.ndim - 1)
+        place = [slice(None)] * target.ndim
         take = [slice(None)] * part.ndim
-        place[axis] = slice(size - width, size) if left else slice(0, width)
+        place[axis + 1] = slice(size - width, size) if left else slice(0, width)
         take[axis] = slice(part.shape[axis] - width, None) if left else slice(0, width)
-        out[tuple(place)] = part[tuple(take)]
-        start += len(part)
+        target[tuple(place)] = part[tuple(take)][:, None]
+        start += rows
     return out
 
 
