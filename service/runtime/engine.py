@@ -307,13 +307,13 @@ class _Moves:
         self.order = order
         self.moved = np.flatnonzero(order != np.arange(len(order)))
         self.gather = 2 * len(self.moved) > len(order) and not always
-        self.sources = order[self.moved]
+        self.origins = order[self.moved]  # where each moved entry comes from
 
     def apply(self, array: np.ndarray) -> np.ndarray:
         if self.gather:
             return np.take(array, self.order, axis=0)
         if len(self.moved):
-            array[self.moved] = array[self.sources]  # the right side is gathered first
+            array[self.moved] = array[self.origins]  # the right side is gathered first
         return array[: len(self.order)]
 
 

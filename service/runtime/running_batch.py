@@ -307,12 +307,12 @@ class RunningBatch(ABC):
     def _closers(self) -> np.ndarray:
         """[rows, MAX_REPEAT_NGRAM]: the tokens that would make each row repeat an n-gram
         once too often (-1: none), under its own sentence's max_repeats."""
-        repeats = self.per_sentence.repeats
-        if (repeats == repeats[0]).all():  # one setting for all (a server's): no row picking
-            window = MAX_REPEAT_NGRAM * (int(repeats[0]) + 1)
-            return repeat_closers(self.sequences[:, -window:], int(repeats[0]))
+        first = int(self.per_sentence.repeats[0])
+        if (self.per_sentence.repeats == first).all():  # one setting (a server's): every row
+            window = MAX_REPEAT_NGRAM * (first + 1)
+            return repeat_closers(self.sequences[:, -window:], first)
         closers = np.full((self.rows, MAX_REPEAT_NGRAM), -1, dtype=np.int64)
-        repeats_of_row = np.repeat(repeats, self.beams)
+        repeats_of_row = np.repeat(self.per_sentence.repeats, self.beams)
         for repeats in np.unique(repeats_of_row[repeats_of_row > 0]):
             rows = np.flatnonzero(repeats_of_row == repeats)
             window = MAX_REPEAT_NGRAM * (int(repeats) + 1)
