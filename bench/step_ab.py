@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,51 @@ def step_inputs(args: argparse.Namespace, layers: int, heads: int, head_dim: int
         shape = (sources, heads, args.source, head_dim)
         feeds[name] = rng.standard_normal(shape, dtype=np.float32)
     return feeds
+
+
+def step_session(
+    path: Path, threads: int, shape: argparse.Namespace, spinning: bool = True
+) -> tuple[ort.InferenceSession, dict, list[str]]:
+    """A decoder step graph loaded as the engine loads it, with random inputs of `shape`
+    (rows, rows_per_source, past, source, candidates) and the outputs a step asks for."""
+    options = EngineOptions(intra_op_threads=threads, spinning=spinning)
+    session = ort.InferenceSession(
+        str(path),
+        session_options(options),
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=DISABLED_OPTIMIZERS,
+    )
+    inputs = {i.name: i for i in session.get_inputs()}
+    layers = sum(name.startswith("past_keys_") for name in inputs)
+    _, heads, _, head_dim = inputs["past_keys_0"].shape
+    feeds = step_inputs(shape, layers, heads, head_dim)
+    if "vocabulary" in inputs:
+        width = inputs["output_projection"].shape[0]
+        rng = np.random.default_rng(1)
+        feeds["vocabulary"] = np.sort(rng.choice(8000, shape.candidates, replace=False))
+        feeds["output_projection"] = rng.standard_normal(
+            (width, shape.candidates), dtype=np.float32
+        )
+    outputs = [o.name for o in session.get_outputs() if o.name.startswith("present")]
+    return session, {k: v for k, v in feeds.items() if k in inputs}, outputs
+
+
+def stepper(session: ort.InferenceSession, feeds: dict, outputs: list[str]) -> Callable:
+    """One decoder step of a `step_session`, to time."""
+    return lambda: session.run(["top_log_probs", "top_ids", *outputs], feeds)
+
+
+def in_turns(runs: list[Callable[[], object]], turns: int, per_turn: int = 20) -> list[list[float]]:
+    """Each run's call times (seconds), the runs taking turns `per_turn` calls at a time, so
+    that a slow spell of the machine falls on all of them."""
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(turns):
+        for timed, run in zip(times, runs, strict=True):
+            for _ in range(per_turn):
+                begin = time.perf_counter()
+                run()
+                timed.append(time.perf_counter() - begin)
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,36 +114,11 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = [int(t) for t in args.threads.split(",")]
     threads = threads * len(args.graphs) if len(threads) == 1 else threads
-    sessions = []
-    for path, count in zip(args.graphs, threads, strict=True):
-        options = EngineOptions(intra_op_threads=count, spinning=not args.no_spinning)
-        session = ort.InferenceSession(
-            str(path),
-            session_options(options),
-            providers=["CPUExecutionProvider"],
-            disabled_optimizers=DISABLED_OPTIMIZERS,
-        )
-        inputs = {i.name: i for i in session.get_inputs()}
-        layers = sum(name.startswith("past_keys_") for name in inputs)
-        _, heads, _, head_dim = inputs["past_keys_0"].shape
-        feeds = step_inputs(args, layers, heads, head_dim)
-        if "vocabulary" in inputs:
-            width = inputs["output_projection"].shape[0]
-            rng = np.random.default_rng(1)
-            feeds["vocabulary"] = np.sort(rng.choice(8000, args.candidates, replace=False))
-            feeds["output_projection"] = rng.standard_normal(
-                (width, args.candidates), dtype=np.float32
-            )
-        outputs = [o.name for o in session.get_outputs() if o.name.startswith("present")]
-        sessions.append((session, {k: v for k, v in feeds.items() if k in inputs}, outputs))
-
-    times: list[list[float]] = [[] for _ in sessions]
-    for _ in range(args.turns):
-        for timed, (session, feeds, outputs) in zip(times, sessions, strict=True):
-            for _ in range(20):
-                begin = time.perf_counter()
-                session.run(["top_log_probs", "top_ids", *outputs], feeds)
-                timed.append(time.perf_counter() - begin)
+    sessions = [
+        step_session(path, count, args, spinning=not args.no_spinning)
+        for path, count in zip(args.graphs, threads, strict=True)
+    ]
+    times = in_turns([stepper(*session) for session in sessions], args.turns)
     first = statistics.median(times[0])
     print(
         f"rows {args.rows}, {args.rows_per_source} per source, past {args.past}, "

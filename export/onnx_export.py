@@ -322,11 +322,14 @@ def _export_shortlist(model: Transformer, checkpoint: Path, out_dir: Path) -> di
     }
 
 
-def quantize_graph(fp32_path: Path) -> Path:
-    """Dynamic int8 quantization of the MatMul weights (activations stay float)."""
+def quantize_graph(fp32_path: Path, out: Path | None = None, per_channel: bool = False) -> Path:
+    """Dynamic int8 quantization of the MatMul weights, into `out` (by default beside the
+    graph, as NAME.int8.onnx). The activations are quantized at every run from their own
+    range. `per_channel`: a scale per output column of each weight matrix instead of one per
+    matrix (measured in docs/performance.md: no better BLEU, slower at batch 1; off)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    int8_path = fp32_path.with_suffix(".int8.onnx")
+    int8_path = out or fp32_path.with_suffix(".int8.onnx")
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer's advice to pre-process is noise here
@@ -336,7 +339,7 @@ def quantize_graph(fp32_path: Path) -> Path:
             str(int8_path),
             weight_type=QuantType.QInt8,
             op_types_to_quantize=["MatMul", "Gemm"],
-            per_channel=False,
+            per_channel=per_channel,
             # The fused decoder's contrib operators have no shape inference: their outputs'
             # type is unknown to the quantizer, and it is float.
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
