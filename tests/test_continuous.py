@@ -340,6 +340,25 @@ def test_sentences_encoded_ahead_join_without_being_encoded_again():
     run(test)
 
 
+def test_encoding_ahead_waits_while_nothing_runs():
+    """With nothing running the worker joins what is queued at once and encodes it itself:
+    handing a lone request to the encoder thread and back would only add latency."""
+
+    async def test():
+        h = Harness(max_sentences=1)
+        h.submit("a", [sentence(1, steps=2), sentence(2, steps=2)])
+        assert h.scheduler.to_encode_ahead() == []  # idle
+        await h.turns(1)  # a/0 joins (the worker encodes it) and runs; a/1 waits for a place
+        assert h.encoded == [["a/0"]]
+        assert [f"{i.job.name}/{i.index}" for i in h.scheduler.to_encode_ahead()] == ["a/1"]
+        await h.turns(3)  # a/0 ends, a/1 joins, a/1 ends
+        assert h.scheduler.running == 0
+        h.submit("b", [sentence(3)])
+        assert h.scheduler.to_encode_ahead() == []  # idle again
+
+    run(test)
+
+
 def test_encoding_ahead_groups_a_few_sentences_of_one_beam_size_oldest_first():
     async def test():
         h = Harness()

@@ -27,7 +27,9 @@ keys/values and empty caches in. The encoder is a quarter of a greedy
 sentence's cost, and on a CPU the decoder's steps gain little from a second intra-op thread
 (small matmuls), so the encoder is better off on a core of its own. It stays at most
 `max_sentences` encoded sentences ahead of the joins (bounded memory); a sentence that joins
-before it was encoded is encoded by the decoding thread, as without it.
+before it was encoded is encoded by the decoding thread, as without it. While nothing runs
+there is no decoding to overlap with: the decoding thread joins what arrives at once and
+encodes it itself, so that a lone client's request is not handed from thread to thread.
 
 The running batches are `RunningBatch`es (service/runtime/running_batch.py) made by a factory,
 so tests drive this loop with a fake that needs no model: the protocol is `DecodingBatch`.
@@ -131,6 +133,11 @@ class ContinuousScheduler(Scheduler):
         self._batches: dict[Hashable, DecodingBatch] = {}  # by beam size; worker thread only
         self._steps_since_join: dict[Hashable, int] = {}
         self._encoders: dict[Hashable, DecodingBatch] = {}  # by beam size; encoder thread only
+        # Whether sentences are running (set by the worker, under the lock). Encoding ahead
+        # overlaps encoding with decoding; with nothing running, the worker joins what is
+        # queued at once and encodes it itself, and a lone request is not handed between
+        # threads (measured: 2-3% of its latency).
+        self._decoding = False
         self._encoder_thread = (
             threading.Thread(target=self._encode_ahead, name=f"nmt-encode-{model}", daemon=True)
             if encode_ahead
@@ -164,6 +171,8 @@ class ContinuousScheduler(Scheduler):
 
     def _wait_for_work(self) -> bool:
         """Sleep until there is something queued or running; False once closed and drained."""
+        if self.running:  # the running batches are this thread's: no lock to ask that
+            return True
         with self._lock:
             while not (self._queue or self.running):
                 if self._closing:
@@ -176,11 +185,16 @@ class ContinuousScheduler(Scheduler):
     def _encode_ahead(self) -> None:
         while True:
             with self._lock:
-                while not (items := self._next_to_encode()):
+                while not (items := self.to_encode_ahead()):
                     if self._closing:
                         return
                     self._lock.wait()
             self.encode_once(items)
+
+    def to_encode_ahead(self) -> list[QueuedSentence]:
+        """What the encoder thread takes now (under the lock): the next sentences to encode
+        (`_next_to_encode`) while sentences run, none while the worker is idle."""
+        return self._next_to_encode() if self._decoding else []
 
     def _next_to_encode(self) -> list[QueuedSentence]:
         """The oldest queued sentences not encoded yet, of the beam size of the oldest one, at
@@ -226,28 +240,48 @@ class ContinuousScheduler(Scheduler):
     def work_once(self) -> bool:
         """One turn of the loop (see the module's docstring); False if there was nothing to
         step. Called by the worker thread, or by tests directly (no thread, no sleep)."""
-        with self._lock:
-            self._drop_expired()
+        # Most turns of a busy batch find the queue empty: then the lock is not taken. (The
+        # queue's length is read without it; a sentence queued meanwhile joins next turn.)
+        queued = bool(self._queue)
+        if queued:
+            with self._lock:
+                self._drop_expired()
         self._drop_abandoned()
-        with self._lock:
-            joiners = self._queue.take_joiners(self._rooms(), _key, self._cost)
-            if joiners:
-                self._report_depth()
+        joiners: list[QueuedSentence] = []
+        if queued:
+            with self._lock:
+                joiners = self._queue.take_joiners(self._rooms(), _key, self._cost)
+                if joiners:
+                    self._report_depth()
         by_key: dict[Hashable, list[QueuedSentence]] = {}
         for item in joiners:
             by_key.setdefault(_key(item), []).append(item)
         for key, items in by_key.items():
             self._join(key, items)
             self._steps_since_join[key] = 0
+        if joiners:  # sentences may have started to run: those still queued can be encoded
+            self._note_decoding()
         live = [key for key, batch in self._batches.items() if len(batch)]
         if not live:
+            self._note_decoding()
             return False
         rows = sum(self._batches[key].rows for key in live)
         if self._step_together and len(live) > 1 and rows <= STEP_TOGETHER_ROWS:
             self._step(live)
         else:
             self._step([self._oldest(live)])
+        self._note_decoding()
         return True
+
+    def _note_decoding(self) -> None:
+        """Tell the encoder thread whether sentences run (`_decoding`); wake it when they
+        start to while others wait."""
+        decoding = self.running > 0
+        if decoding != self._decoding:
+            with self._lock:
+                self._decoding = decoding
+                if decoding and self._queue:
+                    self._lock.notify_all()
 
     def _rooms(self) -> dict[Hashable, Room]:
         """Room left in the running batch of every beam size that is queued for; none in a
