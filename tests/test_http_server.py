@@ -379,7 +379,8 @@ def test_past_the_shutdown_timeout_admitted_requests_get_a_503_that_says_so(
     not cut off; the process still exits 0, and its last log line counts it."""
     settings = {"shutdown_timeout_seconds": 0.5, "max_batch_size": 1, "threads": 1}
     with running_server(model_dir, logs, **settings) as server:
-        texts = [" ".join(SENTENCES) for _ in range(16)]
+        # 256 distinct sentences: a sentence repeated in one request is decoded only once.
+        texts = [" ".join(f"{s[:-1]}, {copy} fois{s[-1]}" for s in SENTENCES) for copy in range(16)]
 
         async def scenario() -> httpx.Response:
             async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
