@@ -4,7 +4,9 @@
 
 Each tree (a checkout of this repository: its `service/` is what is measured) runs in a
 process of its own, one after the other, `--runs` times over (A B A B ...: a slow spell of
-the machine falls on all of them). A run translates test sentences with `search()` on the
+the machine falls on all of them). A run translates the first `--sentences` lines of
+`--text` (test_2016_flickr.fr, from beside this checkout, the same file for every tree)
+with `search()` on the
 bundle of `--model-dir` (int8 unless `--fp32`, one thread), one at a time and in two batches
 of 32 sorted by length, for greedy and beam 4, with and without the repetition guard (the
 server's default is 3), and counts the time outside every encoder and decoder session call,
@@ -24,13 +26,16 @@ import sys
 import time
 from pathlib import Path
 
-CASES = [(4, 3), (4, 0), (1, 3)]  # (beam size, repetition guard)
+MULTI30K_TEST = (
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k" / "test_2016_flickr.fr"
+)
+CASES = [(4, 3), (4, 0), (1, 3), (1, 0)]  # (beam size, repetition guard)
 PASSES = 5  # timed passes a case within one run (their median)
 
 
-def measure(model_dir: Path, int8: bool, sentences: int) -> dict[str, float]:
-    """In this process (the tree on sys.path): Python µs a decoder step, per case."""
-    from bench.service_bench import MULTI30K_TEST, load_sentences
+def measure(model_dir: Path, int8: bool, text: Path, sentences: int) -> dict[str, float]:
+    """In this process (the tree on sys.path): Python µs a decoder step, per case, on the
+    first `sentences` lines of `text`."""
     from service.runtime.bundle import load_bundle
     from service.runtime.engine import EngineOptions
     from service.runtime.search import SearchOptions, search
@@ -51,8 +56,8 @@ def measure(model_dir: Path, int8: bool, sentences: int) -> dict[str, float]:
             return outputs
 
         session.run = timed
-    texts, _ = load_sentences(MULTI30K_TEST)
-    sources = translator.tokenizer.encode(texts[:sentences])
+    texts = text.read_text(encoding="utf-8").splitlines()[:sentences]
+    sources = translator.tokenizer.encode(texts)
     by_length = sorted(sources, key=len)
     groups = {
         "batch 1": [[source] for source in sources],
@@ -83,11 +88,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sentences", type=int, default=32)
     parser.add_argument("--fp32", action="store_true")
+    parser.add_argument("--text", type=Path, default=MULTI30K_TEST, help="source sentences")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:  # run from inside the tree: its service/ is imported
-        print(json.dumps(measure(args.model_dir, not args.fp32, args.sentences)))
+        print(json.dumps(measure(args.model_dir, not args.fp32, args.text, args.sentences)))
         return
+    if not args.text.is_file():  # every tree gets this file: no tree may fall back to another
+        sys.exit(f"{args.text} not found (Multi30k's test set; or give --text)")
 
     model_dir = args.model_dir.resolve()
     runs: dict[Path, list[dict[str, float]]] = {tree: [] for tree in args.trees}
@@ -101,7 +109,9 @@ def main() -> None:
                 "--model-dir",
                 str(model_dir),
             ]
-            command += ["--sentences", str(args.sentences)] + (["--fp32"] if args.fp32 else [])
+            command += ["--text", str(args.text.resolve()), "--sentences", str(args.sentences)] + (
+                ["--fp32"] if args.fp32 else []
+            )
             environment = {**os.environ, "PYTHONPATH": str(tree.resolve())}
             done = subprocess.run(
                 command, cwd=tree, env=environment, capture_output=True, text=True, check=True

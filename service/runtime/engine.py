@@ -378,6 +378,11 @@ class Engine:
         self.past_names = layer_names("past", self.layers)
         self.present_names = layer_names("present", self.layers)
         self.attention_names = attention_output_names(self.layers)
+        # Small arrays a step needs, made once (a step's Python costs tens of µs: such
+        # allocations add up).
+        self._top_k_inputs: dict[int, np.ndarray] = {}
+        self._true_columns: dict[int, np.ndarray] = {}
+        self._output_names: dict[tuple[bool, bool], tuple[list[str], list[str]]] = {}
         # The encoder runs once per batch, right before the decoder's steps: its threads must
         # not spin then, or they take the cores the decoder's threads need.
         encoder_options = dataclasses.replace(self.options, spinning=False)
@@ -489,6 +494,33 @@ class Engine:
         result.log_probs = log_probs
         return result
 
+    def _top_k_input(self, top_k: int) -> np.ndarray:
+        """The graph's top_k input (a 0-d int64 array), made once per value."""
+        found = self._top_k_inputs.get(top_k)
+        if found is None:
+            found = self._top_k_inputs[top_k] = np.array(top_k, dtype=np.int64)
+        return found
+
+    def _true_column(self, rows: int) -> np.ndarray:
+        """[rows, 1] of True (the new position of every row's past_mask), made once per
+        row count."""
+        found = self._true_columns.get(rows)
+        if found is None:
+            found = self._true_columns[rows] = np.ones((rows, 1), dtype=bool)
+        return found
+
+    def _step_outputs(self, alignment: bool, attention: bool) -> tuple[list[str], list[str]]:
+        """The step's optional outputs asked for, and every output name to ask for (made
+        once per combination)."""
+        found = self._output_names.get((alignment, attention))
+        if found is None:
+            extra = (["alignment"] if alignment else []) + (
+                self.attention_names if attention else []
+            )
+            asked = ["top_log_probs", "top_ids", *extra, *self.present_names]
+            found = self._output_names[alignment, attention] = (extra, asked)
+        return found
+
     def _run(
         self, state: DecoderState, tokens: np.ndarray, top_k: int, alignment: bool, attention: bool
     ) -> StepResult:
@@ -496,7 +528,7 @@ class Engine:
             top_k = min(top_k, len(state.vocabulary))
         feeds = {
             "source_mask": state.source_mask,
-            "top_k": np.array(top_k, dtype=np.int64),
+            "top_k": self._top_k_input(top_k),
             **dict(zip(self.cross_names, state.cross, strict=True)),
         }
         outputs = ["top_log_probs", "top_ids"]
@@ -516,8 +548,8 @@ class Engine:
         feeds["past_mask"] = state.past_mask
         feeds["positions"] = state.positions
         feeds.update(zip(self.past_names, state.past, strict=True))
-        extra = (["alignment"] if alignment else []) + (self.attention_names if attention else [])
-        values = self.decoder.run(outputs + extra + self.present_names, feeds)
+        extra, asked = self._step_outputs(alignment, attention)
+        values = self.decoder.run(asked, feeds)
         found = dict(zip(outputs + extra, values, strict=False))
         state.past = values[len(outputs) + len(extra) :]
         state.together = None  # (if it was) its caches are its own again
@@ -526,8 +558,6 @@ class Engine:
                 "attention": np.stack([found[name] for name in self.attention_names], axis=1)
             }
         # The new position is real for every row, and each row moves on by one.
-        state.past_mask = np.concatenate(
-            [state.past_mask, np.ones((state.rows, 1), dtype=bool)], axis=1
-        )
+        state.past_mask = np.concatenate([state.past_mask, self._true_column(state.rows)], axis=1)
         state.positions = state.positions + 1
         return StepResult(**found)

@@ -129,6 +129,15 @@ class _PerSentence:
     layer: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     heads: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
+    def __post_init__(self) -> None:
+        self._settings_changed()
+
+    def _settings_changed(self) -> None:
+        """Whether any sentence wants its alignment or the repetition guard: asked several
+        times a step, while the arrays change only when sentences join or leave."""
+        self.any_alignment = bool(self.alignment.any())
+        self.any_repeats = bool(self.repeats.any())
+
     def append(self, engine: Engine, sentences: list[Sentence]) -> None:
         def grow(old: np.ndarray, new: list) -> np.ndarray:
             return np.concatenate([old, np.array(new, dtype=old.dtype)])
@@ -147,10 +156,12 @@ class _PerSentence:
         layers = engine.layers
         self.layer = grow(self.layer, [s.options.alignment_layer % layers for s in sentences])
         self.heads = grow(self.heads, [s.options.alignment_heads for s in sentences])
+        self._settings_changed()
 
     def keep(self, kept: np.ndarray) -> None:
         for name in self.__dataclass_fields__:
             setattr(self, name, getattr(self, name)[kept])
+        self._settings_changed()
 
 
 class RunningBatch(ABC):
@@ -280,7 +291,7 @@ class RunningBatch(ABC):
         return self._stepped(result)
 
     def _wants_alignment(self) -> bool:
-        return bool(self.per_sentence.alignment.any())
+        return self.per_sentence.any_alignment
 
     def _stepped(self, result: StepResult) -> list[Finished]:
         """Take in a step's result for this batch's rows (the state has moved on already)."""
@@ -413,13 +424,15 @@ class GreedyBatch(RunningBatch):
     def _top_k(self) -> int:
         # With the repetition guard on, each row also gets its second choice, taken when the
         # first would repeat an n-gram once too often (the model then usually leaves the loop).
-        return 2 if self.per_sentence.repeats.any() else 1
+        return 2 if self.per_sentence.any_repeats else 1
 
     def _choose(self, result: StepResult) -> list[Finished]:
         eos = self.engine.eos_id
         best, best_log_prob = result.top_ids[:, 0], result.top_log_probs[:, 0]  # [rows]
-        stuck = np.zeros(len(best), dtype=bool)  # both choices would loop: end before them
-        if self.per_sentence.repeats.any():
+        # Rows whose both choices would loop end before them (only with the guard: else None,
+        # which spares a few array operations a step).
+        stuck = None
+        if self.per_sentence.any_repeats:
             closers = self._closers()
 
             def loops(tokens: np.ndarray) -> np.ndarray:
@@ -435,14 +448,19 @@ class GreedyBatch(RunningBatch):
         if self.engine.force_eos_at_limit:  # </s> as the last token, scored 0 (as in HF)
             best = np.where(at_limit, eos, best)
             best_log_prob = np.where(at_limit, 0.0, best_log_prob)
-            stuck &= ~at_limit
-        self.log_probs += np.where(stuck, 0.0, best_log_prob)
+            if stuck is not None:
+                stuck &= ~at_limit
+        ended = (best == eos) | at_limit
+        if stuck is not None:
+            best_log_prob = np.where(stuck, 0.0, best_log_prob)
+            ended |= stuck
+        self.log_probs += best_log_prob
         self.sequences = np.concatenate([self.sequences, best[:, None]], axis=1)
-        ended = (best == eos) | at_limit | stuck
 
         finished = []
         for row in np.flatnonzero(ended):
-            produced = int(steps[row]) - int(stuck[row])  # tokens, </s> included
+            # tokens, </s> included (a stuck row took none this step)
+            produced = int(steps[row]) - int(stuck is not None and stuck[row])
             tokens = self._own(self.sequences, row, row, produced).tolist()
             if tokens and tokens[-1] == eos:
                 tokens.pop()
@@ -502,7 +520,7 @@ class BeamBatch(RunningBatch):
         penalty = self.per_sentence.penalty
         # candidates [live, K * (K+1)]: a beam's score plus the log-prob of one of its tokens
         candidates = self.scores[:, :, None] + result.top_log_probs.reshape(live, width, per_beam)
-        if self.per_sentence.repeats.any() and self.sequences.shape[1]:
+        if self.per_sentence.any_repeats and self.sequences.shape[1]:
             # A token that would repeat an n-gram once too often is no candidate at all.
             closers = self._closers().reshape(live, width, 1, -1)
             tokens = result.top_ids.reshape(live, width, per_beam)
