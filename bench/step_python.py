@@ -5,13 +5,13 @@
 Each tree (a checkout of this repository: its `service/` is what is measured) runs in a
 process of its own, one after the other, `--runs` times over (A B A B ...: a slow spell of
 the machine falls on all of them). A run translates the first `--sentences` lines of
-`--text` (test_2016_flickr.fr, from beside this checkout, the same file for every tree)
-with `search()` on the
-bundle of `--model-dir` (int8 unless `--fp32`, one thread), one at a time and in two batches
-of 32 sorted by length, for greedy and beam 4, with and without the repetition guard (the
-server's default is 3), and counts the time outside every encoder and decoder session call,
-per decoder step. Prints a markdown table of the medians over runs, and each tree's ratio to
-the first. This is how "Less Python a step" in docs/performance.md was measured.
+`--text` (test_2016_flickr.fr, from beside this checkout, the same file for every tree) with
+`search()` on the bundle of `--model-dir` (int8 unless `--fp32`, one thread), one at a time
+and in two batches of 32 sorted by length, for greedy and beam 4, with and without the
+repetition guard (the server's default is 3), and counts the time outside every encoder and
+decoder session call, per decoder step. Prints a markdown table of the medians over runs,
+and each tree's ratio to the first. This is how "Less Python a step" in docs/performance.md
+was measured.
 A benchmark, not a test: it asserts nothing.
 """
 

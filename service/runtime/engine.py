@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -349,6 +350,24 @@ def _stacked(
     return out
 
 
+@functools.cache
+def _top_k_input(top_k: int) -> np.ndarray:
+    """The step's top_k input (a 0-d int64 array), made once per value; read-only, as it is
+    shared by every step."""
+    array = np.array(top_k, dtype=np.int64)
+    array.flags.writeable = False
+    return array
+
+
+@functools.cache
+def _true_column(rows: int) -> np.ndarray:
+    """[rows, 1] of True: the new position of every row's past_mask, made once per row count
+    (at most the largest batch's rows); read-only, as it is shared by every step."""
+    column = np.ones((rows, 1), dtype=bool)
+    column.flags.writeable = False
+    return column
+
+
 @dataclass
 class StepResult:
     top_log_probs: np.ndarray  # [rows, k], best first
@@ -378,11 +397,13 @@ class Engine:
         self.past_names = layer_names("past", self.layers)
         self.present_names = layer_names("present", self.layers)
         self.attention_names = attention_output_names(self.layers)
-        # Small arrays a step needs, made once (a step's Python costs tens of µs: such
-        # allocations add up).
-        self._top_k_inputs: dict[int, np.ndarray] = {}
-        self._true_columns: dict[int, np.ndarray] = {}
-        self._output_names: dict[tuple[bool, bool], tuple[list[str], list[str]]] = {}
+        # Per (alignment, attention) asked for: the step's optional outputs, and every output
+        # name to ask for (made here, not at every step: a step's Python costs tens of µs).
+        self._step_outputs: dict[tuple[bool, bool], tuple[list[str], list[str]]] = {}
+        for alignment, attention in itertools.product((False, True), repeat=2):
+            extra = ["alignment"] * alignment + self.attention_names * attention
+            asked = ["top_log_probs", "top_ids", *extra, *self.present_names]
+            self._step_outputs[alignment, attention] = (extra, asked)
         # The encoder runs once per batch, right before the decoder's steps: its threads must
         # not spin then, or they take the cores the decoder's threads need.
         encoder_options = dataclasses.replace(self.options, spinning=False)
@@ -494,33 +515,6 @@ class Engine:
         result.log_probs = log_probs
         return result
 
-    def _top_k_input(self, top_k: int) -> np.ndarray:
-        """The graph's top_k input (a 0-d int64 array), made once per value."""
-        found = self._top_k_inputs.get(top_k)
-        if found is None:
-            found = self._top_k_inputs[top_k] = np.array(top_k, dtype=np.int64)
-        return found
-
-    def _true_column(self, rows: int) -> np.ndarray:
-        """[rows, 1] of True (the new position of every row's past_mask), made once per
-        row count."""
-        found = self._true_columns.get(rows)
-        if found is None:
-            found = self._true_columns[rows] = np.ones((rows, 1), dtype=bool)
-        return found
-
-    def _step_outputs(self, alignment: bool, attention: bool) -> tuple[list[str], list[str]]:
-        """The step's optional outputs asked for, and every output name to ask for (made
-        once per combination)."""
-        found = self._output_names.get((alignment, attention))
-        if found is None:
-            extra = (["alignment"] if alignment else []) + (
-                self.attention_names if attention else []
-            )
-            asked = ["top_log_probs", "top_ids", *extra, *self.present_names]
-            found = self._output_names[alignment, attention] = (extra, asked)
-        return found
-
     def _run(
         self, state: DecoderState, tokens: np.ndarray, top_k: int, alignment: bool, attention: bool
     ) -> StepResult:
@@ -528,7 +522,7 @@ class Engine:
             top_k = min(top_k, len(state.vocabulary))
         feeds = {
             "source_mask": state.source_mask,
-            "top_k": self._top_k_input(top_k),
+            "top_k": _top_k_input(top_k),
             **dict(zip(self.cross_names, state.cross, strict=True)),
         }
         outputs = ["top_log_probs", "top_ids"]
@@ -548,7 +542,7 @@ class Engine:
         feeds["past_mask"] = state.past_mask
         feeds["positions"] = state.positions
         feeds.update(zip(self.past_names, state.past, strict=True))
-        extra, asked = self._step_outputs(alignment, attention)
+        extra, asked = self._step_outputs[alignment, attention]
         values = self.decoder.run(asked, feeds)
         found = dict(zip(outputs + extra, values, strict=False))
         state.past = values[len(outputs) + len(extra) :]
@@ -558,6 +552,6 @@ class Engine:
                 "attention": np.stack([found[name] for name in self.attention_names], axis=1)
             }
         # The new position is real for every row, and each row moves on by one.
-        state.past_mask = np.concatenate([state.past_mask, self._true_column(state.rows)], axis=1)
+        state.past_mask = np.concatenate([state.past_mask, _true_column(state.rows)], axis=1)
         state.positions = state.positions + 1
         return StepResult(**found)
