@@ -30,16 +30,8 @@ from bench.service_bench import (
     load_sentences,
     measure,
     server,
+    settings,
 )
-
-
-def settings(pairs: list[str]) -> dict[str, str]:
-    """NAME=VALUE pairs (NMT_ prefix optional) -> the server() settings dict."""
-    found = {}
-    for pair in pairs:
-        name, _, value = pair.partition("=")
-        found[name.removeprefix("NMT_").lower()] = value
-    return found
 
 
 def main() -> None:

@@ -17,7 +17,10 @@ join and leave the running batch between decoder steps). Both get the same engin
   and requests for both servers: sentences of every length, half greedy and half beam 4. The
   arrivals are played in chunks of a few seconds, alternating between the servers in mirrored
   order: near capacity, a machine that slows by a fifth for a minute (as this one does) would
-  otherwise overload whichever server ran then, and decide the p99.
+  otherwise overload whichever server ran then, and decide the p99. Each chunk starts from an
+  empty server and ends with its last answer, so the p99 ratio gets a 95% bootstrap interval
+  over the chunks. `--clients ''` plays the open loop only; `--continuous NAME=VALUE` tries a
+  setting of the continuous server against request-level batching.
 * The engine alone, on the same sentences at batch 1 and 32 with the same threads: the
   ceiling that batching in the service can reach. It runs in a process of its own at the
   servers' priority, before every closed-loop level and after the last; a level is compared
@@ -97,6 +100,8 @@ class Run:
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds: engine, server, client
     ceiling: float = float("nan")  # the engine alone at batch 32 around this run, sentences/s
     rounds: list[float] = field(default_factory=list)  # closed loop: each round's requests/s
+    # Each measured part's latencies apart (open loop: a chunk each, played by both servers)
+    parts: list[list[float]] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:
@@ -132,6 +137,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def settings(pairs: list[str]) -> dict[str, str]:
+    """NAME=VALUE pairs (NMT_ prefix optional) -> the server() settings dict."""
+    found = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        found[name.removeprefix("NMT_").lower()] = value
+    return found
 
 
 @contextmanager
@@ -341,6 +355,7 @@ def measure(run: Run, served: Served, load: Coroutine) -> None:
     run.counted += counted
     run.seconds += seconds
     run.latencies += latencies
+    run.parts.append(latencies)
     run.errors += errors
     run.steps += steps
     # A sentence takes part in one step per token it produces, plus the step of its </s>.
@@ -460,6 +475,59 @@ def paired_rounds(closed: list[Run]) -> list[str]:
     return lines
 
 
+def p99_ratio_interval(
+    request: Run, continuous: Run, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """A 95% bootstrap interval of continuous's p99 over request-level's, resampling the open
+    loop's chunks: each chunk's arrivals were played by both servers, and each starts from an
+    empty server and ends when its last answer is in, so chunks are the independent units,
+    and a resample keeps a chunk's latencies on both servers together. None with fewer than
+    10 chunks."""
+    pairs = list(zip(request.parts, continuous.parts, strict=True))
+    if len(pairs) < 10:
+        return None
+    rng = random.Random(seed)
+
+    def p99(parts: list[list[float]]) -> float:
+        return Run("", "", latencies=[x for part in parts for x in part]).percentile(0.99)
+
+    ratios = []
+    for _ in range(resamples):
+        drawn = [rng.choice(pairs) for _ in pairs]
+        ratios.append(p99([c for _, c in drawn]) / p99([r for r, _ in drawn]))
+    ratios.sort()
+    return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+
+
+def _closed_loop_section(
+    closed: list[Run], engine: list[dict[int, float]], head: str, rule: str
+) -> list[str]:
+    lines = [
+        "",
+        "### Closed loop, greedy",
+        "",
+        "Each client sends its next request when the previous one is answered. req/s is "
+        "the steady state's: answers from the moment the first `clients` requests are "
+        "answered (the start, all clients at once, has passed) to the moment the first "
+        "client finds no work left (fewer are busy from then on); latency and CPU count "
+        "every request.",
+        "",
+        head + " vs engine alone at batch 32 |",
+        rule + "---:|",
+    ]
+    for run in closed:
+        lines.append(_row(run, f" {run.throughput / run.ceiling:.0%} |"))
+    batch_1, batch_32 = ([f"{r[batch]:.1f}" for r in engine] for batch in (1, 32))
+    lines += ["", *paired_rounds(closed)]
+    lines += [
+        "",
+        "The engine alone (its own process, no HTTP), greedy, in sentences/s, before each level "
+        f"and after the last: {', '.join(batch_1)} at batch 1; {', '.join(batch_32)} at batch "
+        "32. Each level is compared with the mean of the runs just before and after it.",
+    ]
+    return lines
+
+
 def report(
     closed: list[Run],
     opened: list[Run],
@@ -484,7 +552,8 @@ def report(
         f"{os.cpu_count()} CPU cores, load average before the run {setup['load']}",
         f"- model: {setup['model']}; engine threads: {setup['threads']} in both servers and "
         f"in the engine alone; NMT_MAX_BATCH_SIZE={_default('max_batch_size')}, other "
-        "settings at their defaults, translation cache off",
+        "settings at their defaults, translation cache off"
+        + (f"; the continuous server with {setup['continuous']}" if setup["continuous"] else ""),
         f"- the load generator shares the machine's cores with the servers, at niceness "
         f"+{setup['niceness']} (it yields to them, as on a machine of its own)",
         f"- requests: one sentence each, {setup['sentences']}; latency measured by the client; "
@@ -493,44 +562,43 @@ def report(
         "- CPU ms/request: CPU time per answered request of the server's engine threads "
         "(decoding, and encoding ahead), of its event loop (HTTP, validation, tokenization) and "
         "of the load generator (aiohttp clients), from /proc",
-        "",
-        "### Closed loop, greedy",
-        "",
-        "Each client sends its next request when the previous one is answered. req/s is "
-        "the steady state's: answers from the moment the first `clients` requests are "
-        "answered (the start, all clients at once, has passed) to the moment the first "
-        "client finds no work left (fewer are busy from then on); latency and CPU count "
-        "every request.",
-        "",
-        head + " vs engine alone at batch 32 |",
-        rule + "---:|",
     ]
-    for run in closed:
-        lines.append(_row(run, f" {run.throughput / run.ceiling:.0%} |"))
-    batch_1, batch_32 = ([f"{r[batch]:.1f}" for r in engine] for batch in (1, 32))
-    lines += ["", *paired_rounds(closed)]
+    if closed:
+        lines += _closed_loop_section(closed, engine, head, rule)
     lines += [
-        "",
-        "The engine alone (its own process, no HTTP), greedy, in sentences/s, before each level "
-        f"and after the last: {', '.join(batch_1)} at batch 1; {', '.join(batch_32)} at batch "
-        "32. Each level is compared with the mean of the runs just before and after it.",
         "",
         "### Open loop, half greedy and half beam 4",
         "",
         "Poisson arrivals at a share of the capacity, the same arrival times and requests for "
         f"both servers, played in chunks of {setup['chunk']} s that alternate between them "
-        "(mirrored). Capacity: closed-loop requests/s at 64 clients on the same mix, "
-        f"{capacity[REQUEST]:.1f} request-level and {capacity[CONTINUOUS]:.1f} continuous; the "
-        f"loads below are shares of the lower, {min(capacity.values()):.1f}.",
+        "(mirrored). "
+        + (
+            f"Capacity: {setup['capacity']} requests/s, given (`--capacity`, an earlier run's)."
+            if setup["capacity"]
+            else "Capacity: closed-loop requests/s at 64 clients on the same mix, "
+            f"{capacity[REQUEST]:.1f} request-level and {capacity[CONTINUOUS]:.1f} continuous; "
+            f"the loads below are shares of the lower, {min(capacity.values()):.1f}."
+        ),
         "",
-        head + " p99 vs request-level |",
+        head + " p99 vs request-level (95% interval) |",
         rule + "---:|",
     ]
     by_label = {(run.label, run.batching): run for run in opened}
     for run in opened:
+        if run.batching == REQUEST:
+            lines.append(_row(run, " |"))
+            continue
         base = by_label[run.label, REQUEST]
         ratio = run.percentile(0.99) / base.percentile(0.99)
-        lines.append(_row(run, f" {ratio:.2f}x |" if run.batching != REQUEST else " |"))
+        interval = p99_ratio_interval(base, run)
+        within = f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else ""
+        lines.append(_row(run, f" {ratio:.2f}x{within} |"))
+    lines += [
+        "",
+        "The interval: 2,000 bootstrap resamples of the chunks (each played by both servers, "
+        "from an empty server to its last answer), the p99 ratio of each resample; none "
+        "under 10 chunks.",
+    ]
     lines += [
         "",
         "What the numbers say: [service.md, Performance](service.md#performance).",
@@ -557,11 +625,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, help="bundles folder (default: export one)")
     parser.add_argument("--sentences", type=Path, default=MULTI30K_TEST)
-    parser.add_argument("--clients", default="1,8,32,64", help="closed loop client counts")
+    parser.add_argument(
+        "--clients", default="1,8,32,64", help="closed loop client counts ('': open loop only)"
+    )
     parser.add_argument("--requests-per-client", type=int, default=12)
     parser.add_argument("--min-requests", type=int, default=48)
     parser.add_argument("--loads", default="0.5,0.7,0.9", help="open loop shares of capacity")
     parser.add_argument("--open-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        default=0.0,
+        help="open loop: requests/s the loads are shares of, instead of measuring it "
+        "(to play an earlier run's arrival rate)",
+    )
     parser.add_argument(
         "--threads", type=int, default=0, help="engine threads (0: the server's default)"
     )
@@ -576,6 +653,13 @@ def main() -> None:
         type=float,
         default=5.0,
         help="open loop: the arrivals are played in chunks this long, alternating servers",
+    )
+    parser.add_argument(
+        "--continuous",
+        nargs="*",
+        default=[],
+        help="NAME=VALUE settings of the continuous server only (to try a scheduling setting "
+        "against request-level batching)",
     )
     parser.add_argument("--out", type=Path, default=REPORT)
     parser.add_argument("--engine-worker", action="store_true", help=argparse.SUPPRESS)
@@ -592,6 +676,8 @@ def main() -> None:
         "sentences": source,
         "niceness": str(args.client_niceness),
         "chunk": f"{args.chunk_seconds:g}",
+        "continuous": " ".join(args.continuous),
+        "capacity": f"{args.capacity:g}" if args.capacity else "",
     }
     rng = random.Random(30)
     closed: list[Run] = []
@@ -601,9 +687,10 @@ def main() -> None:
         engine = EngineAlone(model_dir, sentences, threads)
         stack.callback(engine.close)
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmt-bench-logs-")))
+        extra = {REQUEST: {}, CONTINUOUS: settings(args.continuous)}
         served = {
             name: stack.enter_context(
-                server(model_dir, log_dir, {"batching": name, "threads": threads})
+                server(model_dir, log_dir, {"batching": name, "threads": threads, **extra[name]})
             )
             for name in SERVERS
         }
@@ -616,7 +703,7 @@ def main() -> None:
         os.nice(args.client_niceness)
         order = [*SERVERS, *reversed(SERVERS)]  # halves, mirrored
         engine.measure()
-        for clients in (int(c) for c in args.clients.split(",")):
+        for clients in (int(c) for c in args.clients.split(",") if c.strip()):
             count = max(args.min_requests, args.requests_per_client * clients)
             work = [(rng.choice(sentences), 1) for _ in range(count)]
             level = {name: Run(name, f"{clients} clients") for name in SERVERS}
@@ -637,11 +724,14 @@ def main() -> None:
                 )
 
         mix = [(rng.choice(sentences), rng.choice(MIX)) for _ in range(768)]
-        probes = {name: Run(name, "capacity") for name in SERVERS}
-        for half, name in enumerate(order):
-            part = mix[: len(mix) // 2] if half < 2 else mix[len(mix) // 2 :]
-            measure(probes[name], served[name], closed_loop(served[name].url, part, 64))
-        capacity = {name: probe.throughput for name, probe in probes.items()}
+        if args.capacity:  # given: the same arrival rate as an earlier run's
+            capacity = {name: args.capacity for name in SERVERS}
+        else:
+            probes = {name: Run(name, "capacity") for name in SERVERS}
+            for half, name in enumerate(order):
+                part = mix[: len(mix) // 2] if half < 2 else mix[len(mix) // 2 :]
+                measure(probes[name], served[name], closed_loop(served[name].url, part, 64))
+            capacity = {name: probe.throughput for name, probe in probes.items()}
         print(f"capacity on the mix: {capacity}", file=sys.stderr)
         for index, share in enumerate(float(x) for x in args.loads.split(",")):
             rate = share * min(capacity.values())

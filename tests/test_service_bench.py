@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from bench.service_bench import CONTINUOUS, REQUEST, Run, paired_rounds, rounds, steady_window
+from bench.service_bench import (
+    CONTINUOUS,
+    REQUEST,
+    Run,
+    p99_ratio_interval,
+    paired_rounds,
+    rounds,
+    steady_window,
+)
 
 
 def test_the_window_leaves_out_the_start_and_the_end() -> None:
@@ -51,3 +59,35 @@ def test_rounds_are_compared_pair_by_pair() -> None:
     (line,) = paired_rounds(lone + halves)  # two rounds: no line
     assert line.startswith("1 clients, round by round (4 rounds")
     assert "median 1.00x, from 0.90x to 1.10x" in line
+
+
+def _open_loop(batching: str, parts: list[list[float]]) -> Run:
+    return Run(batching, "70% load", latencies=[x for part in parts for x in part], parts=parts)
+
+
+def test_the_p99_interval_resamples_whole_chunks_on_both_servers() -> None:
+    # 40 chunks of 100 answers; the continuous server answers every request in 0.6 of the
+    # time: any resample of chunks has the same ratio.
+    request = [[0.01 * (i + 1) + chunk for i in range(100)] for chunk in range(40)]
+    continuous = [[0.6 * x for x in part] for part in request]
+    low, high = p99_ratio_interval(_open_loop(REQUEST, request), _open_loop(CONTINUOUS, continuous))
+    assert low == pytest.approx(0.6) and high == pytest.approx(0.6)
+
+
+def test_the_p99_interval_is_wide_when_one_chunk_decides_the_tail() -> None:
+    # One burst: chunk 0 holds request-level's slowest answers; without it (in about a third of
+    # the resamples) both servers' p99 come from the quiet chunks, where they are equal.
+    quiet = [[0.1] * 100 for _ in range(19)]
+    request = [[2.0] * 100, *quiet]
+    continuous = [[1.0] * 100, *quiet]
+    point = _open_loop(CONTINUOUS, continuous).percentile(0.99) / _open_loop(
+        REQUEST, request
+    ).percentile(0.99)
+    low, high = p99_ratio_interval(_open_loop(REQUEST, request), _open_loop(CONTINUOUS, continuous))
+    assert point == pytest.approx(0.5)
+    assert low == pytest.approx(0.5) and high == pytest.approx(1.0)
+
+
+def test_no_p99_interval_from_fewer_than_ten_chunks() -> None:
+    parts = [[0.1, 0.2]] * 9
+    assert p99_ratio_interval(_open_loop(REQUEST, parts), _open_loop(CONTINUOUS, parts)) is None
