@@ -114,9 +114,10 @@ class BatchLimits:
     # running batch together, when as many can join (waiting, at most the free places) as
     # join_ratio x those running, or once join_max_steps steps have passed since the last
     # join (TGI's waiting_served_ratio and max_waiting_tokens). An empty batch takes them at
-    # once.
-    join_ratio: float = 0.3
-    join_max_steps: int = 6
+    # once. 0.6 and 12 rather than 0.3 and 6: fewer joins cut the p99 at 70% load (0.77x of
+    # request-level's against 0.84x) and cost nothing at 8 or 32 clients (docs/service.md).
+    join_ratio: float = 0.6
+    join_max_steps: int = 12
     max_queued: int = 1024  # sentences waiting (not counting the batch being decoded)
     retry_after: int = 1  # seconds, told to clients refused with QueueFull
 

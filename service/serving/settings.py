@@ -144,14 +144,14 @@ class Settings(BaseSettings):
         "waits",
     )
     join_ratio: float = Field(
-        0.3,
+        0.6,
         ge=0,
         description="continuous batching: waiting sentences join a running batch together, "
         "once those that can join (waiting, at most the free places) are this many times the "
         "sentences running (TGI's waiting_served_ratio) ...",
     )
     join_max_steps: int = Field(
-        6,
+        12,
         ge=0,
         description="... or once this many decoder steps have passed since the last join "
         "(TGI's max_waiting_tokens); an empty batch takes them at once; 0 and 0: every step",
