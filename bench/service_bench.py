@@ -86,6 +86,12 @@ ROUND_REQUESTS = 8  # closed loop: requests per client in a round, at least
 MIX = (1, 4)  # open loop: half greedy, half beam 4
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank q-quantile of `values` (0 <= q <= 1)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
 @dataclass
 class Run:
     batching: str
@@ -93,15 +99,19 @@ class Run:
     requests: int = 0  # answered
     counted: int = 0  # answered within the measured windows (see closed_loop)
     seconds: float = 0.0  # the measured windows' length
-    latencies: list[float] = field(default_factory=list)
     errors: int = 0
     steps: float = 0.0  # decoder steps the server ran
     sentence_steps: float = 0.0  # sentences decoded at those steps, summed
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds: engine, server, client
     ceiling: float = float("nan")  # the engine alone at batch 32 around this run, sentences/s
     rounds: list[float] = field(default_factory=list)  # closed loop: each round's requests/s
-    # Each measured part's latencies apart (open loop: a chunk each, played by both servers)
+    # Each measured part's latencies (closed loop: a round; open loop: a chunk, played by both
+    # servers)
     parts: list[list[float]] = field(default_factory=list)
+
+    @property
+    def latencies(self) -> list[float]:
+        return [latency for part in self.parts for latency in part]
 
     @property
     def throughput(self) -> float:
@@ -112,8 +122,7 @@ class Run:
         return self.sentence_steps / self.steps if self.steps else float("nan")
 
     def percentile(self, q: float) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+        return percentile(self.latencies, q)
 
     def cpu_ms_per_request(self, part: str) -> float:
         return 1000 * self.cpu[part] / self.requests if part in self.cpu else float("nan")
@@ -354,7 +363,6 @@ def measure(run: Run, served: Served, load: Coroutine) -> None:
     run.rounds.append(counted / seconds)
     run.counted += counted
     run.seconds += seconds
-    run.latencies += latencies
     run.parts.append(latencies)
     run.errors += errors
     run.steps += steps
@@ -489,7 +497,7 @@ def p99_ratio_interval(
     rng = random.Random(seed)
 
     def p99(parts: list[list[float]]) -> float:
-        return Run("", "", latencies=[x for part in parts for x in part]).percentile(0.99)
+        return percentile([latency for part in parts for latency in part], 0.99)
 
     ratios = []
     for _ in range(resamples):

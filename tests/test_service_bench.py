@@ -62,7 +62,7 @@ def test_rounds_are_compared_pair_by_pair() -> None:
 
 
 def _open_loop(batching: str, parts: list[list[float]]) -> Run:
-    return Run(batching, "70% load", latencies=[x for part in parts for x in part], parts=parts)
+    return Run(batching, "70% load", parts=parts)
 
 
 def test_the_p99_interval_resamples_whole_chunks_on_both_servers() -> None:
