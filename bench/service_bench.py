@@ -158,7 +158,9 @@ def settings(pairs: list[str]) -> dict[str, str]:
 
 
 @contextmanager
-def server(model_dir: Path, log_dir: Path, settings: dict[str, object]) -> Iterator[Served]:
+def server(
+    model_dir: Path, log_dir: Path, settings: dict[str, object], command: list[str] = SERVE
+) -> Iterator[Served]:
     port = free_port()
     env = {
         **os.environ,
@@ -172,7 +174,7 @@ def server(model_dir: Path, log_dir: Path, settings: dict[str, object]) -> Itera
     }
     log_path = log_dir / f"server-{port}.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(SERVE, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
