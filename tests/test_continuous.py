@@ -9,6 +9,7 @@ sentence alone.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 from collections.abc import Callable
 
@@ -16,7 +17,7 @@ import pytest
 
 from nmt_contract import Hypothesis
 from service.runtime.running_batch import Finished, SearchOptions, Sentence
-from service.serving.continuous import ContinuousScheduler
+from service.serving.continuous import ContinuousScheduler, _sentence
 from service.serving.errors import DeadlineExceeded
 from service.serving.metrics import Metrics
 from service.serving.scheduler import BatchLimits, BatchQueue, Job, Room, SentenceFailed
@@ -205,6 +206,26 @@ def test_each_beam_size_has_its_own_room_and_a_full_one_does_not_block_the_other
     assert [item.job for item in queue.items] == [beam, greedy]
 
 
+def test_a_running_batch_takes_none_while_one_it_would_take_is_still_being_encoded():
+    queue = BatchQueue("m", BatchLimits())
+    first, second = queued(queue, [sentence(1), sentence(2)]).sources
+    beam = queued(queue, [sentence(3)], options=BEAM)
+    encoding = {id(queue.items[1])}  # the second greedy sentence is being encoded ahead
+
+    def ready(item) -> bool:
+        return id(item) not in encoding
+
+    rooms = {1: Room(4, 100, empty=False), 2: Room(4, 100, empty=False)}
+    taken = queue.take_joiners(rooms, key_of, cost_of, ready)
+    # Neither greedy sentence joins (they join together next turn); the beam one does.
+    assert [item.job for item in taken] == [beam]
+    assert [item.job.sources[item.index] for item in queue.items] == [first, second]
+    # An empty batch has no step to take meanwhile: it takes them, encoded or not.
+    rooms = {1: Room(4, 100, empty=True)}
+    taken = queue.take_joiners(rooms, key_of, cost_of, ready)
+    assert [item.job.sources[item.index] for item in taken] == [first, second]
+
+
 # The loop, turn by turn.
 
 
@@ -336,6 +357,34 @@ def test_sentences_encoded_ahead_join_without_being_encoded_again():
         await h.turns(2)
         assert a.future.result() == [answer(sentence(1)), answer(sentence(2))]
         assert b.future.result() == [answer(sentence(3))]
+
+    run(test)
+
+
+def test_the_worker_steps_instead_of_waiting_for_an_encoding_in_progress():
+    async def test():
+        h = Harness()
+        h.submit("a", [sentence(1, steps=6)])
+        await h.turns(1)
+        h.submit("b", [sentence(2, steps=2)])
+        item = h.scheduler._queue.items[0]
+        item.encoding = True  # the encoder thread is on it
+        turn = threading.Thread(target=h.scheduler.work_once, daemon=True)
+        turn.start()
+        turn.join(10)  # (a regression would wait for ever: fail instead of hanging)
+        waited = turn.is_alive()
+        if waited:
+            with h.scheduler._lock:
+                item.encoding = False
+                h.scheduler._lock.notify_all()
+        assert not waited, "the worker waited for the encoder instead of stepping"
+        # a stepped alone, b stays queued
+        assert h.steps[-1] == (1, ["a/0"]) and len(h.scheduler._queue) == 1
+        item.encoding = False  # done (what encode_once sets, under the lock)
+        item.encoded = h.scheduler._batch(1).encode_each([_sentence(item)])[0]
+        await h.turns(1)
+        assert h.steps[-1] == (1, ["a/0", "b/0"])
+        assert h.encoded == [["a/0"], ["b/0"]]  # b encoded once, ahead
 
     run(test)
 

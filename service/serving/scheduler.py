@@ -246,14 +246,21 @@ class BatchQueue:
         rooms: dict[Hashable, Room],
         key_of: Callable[[QueuedSentence], Hashable],
         cost_of: Callable[[QueuedSentence], int],
+        ready: Callable[[QueuedSentence], bool] = lambda item: True,
     ) -> list[QueuedSentence]:
         """Continuous batching: the queued sentences that join the running batches now, taken
         off the queue. Oldest first; for each batch key (`rooms`: what its running batch may
         still take), until one does not fit. Later sentences of that key then wait too, so
         that a long sentence is never overtaken for ever by shorter ones. A sentence joining
-        an empty batch is taken whatever its cost, so that it can be served at all."""
+        an empty batch is taken whatever its cost, so that it can be served at all.
+
+        A running batch takes none this turn if one of those it would take is not `ready`
+        (being encoded ahead): the worker then steps instead of waiting for the encoder, and
+        they all join a step later. (An empty batch has nothing to step: it takes them.)"""
         taken: list[QueuedSentence] = []
         blocked: set[Hashable] = set()
+        running = {key for key, room in rooms.items() if not room.empty}
+        not_yet: set[Hashable] = set()
         for item in self.items:
             key = key_of(item)
             room = rooms.get(key)
@@ -263,8 +270,13 @@ class BatchQueue:
             if room.sentences < 1 or (cost > room.tokens and not room.empty):
                 blocked.add(key)
                 continue
+            if key in running and not ready(item):
+                blocked.add(key)
+                not_yet.add(key)
+                continue
             taken.append(item)
             room.sentences, room.tokens, room.empty = room.sentences - 1, room.tokens - cost, False
+        taken = [item for item in taken if key_of(item) not in not_yet]
         if taken:
             chosen = {id(item) for item in taken}
             self.items = deque(item for item in self.items if id(item) not in chosen)
