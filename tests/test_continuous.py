@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -361,7 +362,10 @@ def test_sentences_encoded_ahead_join_without_being_encoded_again():
     run(test)
 
 
-def test_the_worker_steps_instead_of_waiting_for_an_encoding_in_progress():
+def test_a_join_waits_one_step_for_an_encoding_in_progress_then_waits_for_the_encoder():
+    """The worker steps instead of waiting for the encoder thread, but only once: where
+    sentences keep arriving one would be in the encoder at every turn."""
+
     async def test():
         h = Harness()
         h.submit("a", [sentence(1, steps=6)])
@@ -369,20 +373,32 @@ def test_the_worker_steps_instead_of_waiting_for_an_encoding_in_progress():
         h.submit("b", [sentence(2, steps=2)])
         item = h.scheduler._queue.items[0]
         item.encoding = True  # the encoder thread is on it
+
+        def finish_encoding() -> None:  # what encode_once does, under the lock
+            with h.scheduler._lock:
+                item.encoded = h.scheduler._batch(1).encode_each([_sentence(item)])[0]
+                item.encoding = False
+                h.scheduler._lock.notify_all()
+
         turn = threading.Thread(target=h.scheduler.work_once, daemon=True)
         turn.start()
         turn.join(10)  # (a regression would wait for ever: fail instead of hanging)
         waited = turn.is_alive()
         if waited:
-            with h.scheduler._lock:
-                item.encoding = False
-                h.scheduler._lock.notify_all()
+            finish_encoding()
         assert not waited, "the worker waited for the encoder instead of stepping"
-        # a stepped alone, b stays queued
-        assert h.steps[-1] == (1, ["a/0"]) and len(h.scheduler._queue) == 1
-        item.encoding = False  # done (what encode_once sets, under the lock)
-        item.encoded = h.scheduler._batch(1).encode_each([_sentence(item)])[0]
-        await h.turns(1)
+        assert h.steps[-1] == (1, ["a/0"]) and len(h.scheduler._queue) == 1  # a alone
+
+        # Next turn b is still in the encoder: the join takes it now and waits for it.
+        turn = threading.Thread(target=h.scheduler.work_once, daemon=True)
+        turn.start()
+        deadline = time.monotonic() + 10  # (only a regression gets near it)
+        while len(h.scheduler._queue) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        taken = not len(h.scheduler._queue)
+        finish_encoding()
+        turn.join(10)
+        assert taken, "the join was held back a second time"
         assert h.steps[-1] == (1, ["a/0", "b/0"])
         assert h.encoded == [["a/0"], ["b/0"]]  # b encoded once, ahead
 

@@ -28,9 +28,9 @@ sentence's cost, and on a CPU the decoder's steps gain little from a second intr
 (small matmuls), so the encoder is better off on a core of its own. It stays at most
 `max_sentences` encoded sentences ahead of the joins (bounded memory); a sentence that joins
 before it was encoded is encoded by the decoding thread, as without it. A join that would
-take a sentence still being encoded waits for the next turn, the decoding thread stepping
-meanwhile instead of waiting for the encoder (measured with `python -m bench.decoder_thread`
-at 70% load: those waits were about 3% of its time). While nothing runs
+take a sentence still being encoded waits for the next turn (once), the decoding thread
+stepping meanwhile instead of waiting for the encoder (measured with `python -m
+bench.decoder_thread` at 70% load: those waits were about 3% of its time). While nothing runs
 there is no decoding to overlap with: the decoding thread joins what arrives at once and
 encodes it itself, so that a lone client's request is not handed from thread to thread.
 
@@ -135,6 +135,7 @@ class ContinuousScheduler(Scheduler):
         self._step_together = step_together  # None: batches always step apart
         self._batches: dict[Hashable, DecodingBatch] = {}  # by beam size; worker thread only
         self._steps_since_join: dict[Hashable, int] = {}
+        self._held_back: set[Hashable] = set()  # joins held back last turn (_ready_to_join)
         self._encoders: dict[Hashable, DecodingBatch] = {}  # by beam size; encoder thread only
         # Whether sentences are running (set by the worker, under the lock). Encoding ahead
         # overlaps encoding with decoding; with nothing running, the worker joins what is
@@ -254,7 +255,7 @@ class ContinuousScheduler(Scheduler):
         if queued:
             with self._lock:
                 joiners = self._queue.take_joiners(
-                    self._rooms(), _key, self._cost, ready=lambda item: not item.encoding
+                    self._rooms(), _key, self._cost, ready=self._ready_to_join()
                 )
                 if joiners:
                     self._report_depth()
@@ -277,6 +278,22 @@ class ContinuousScheduler(Scheduler):
             self._step([self._oldest(live)])
         self._note_decoding()
         return True
+
+    def _ready_to_join(self) -> Callable[[QueuedSentence], bool]:
+        """For take_joiners, this turn: a sentence still being encoded ahead holds its
+        running batch's join back one turn (the batch steps meanwhile), not more: where
+        sentences keep arriving, another would be in the encoder at every turn, and the join
+        would wait for ever. Held back once, the join takes them and waits for the encoder."""
+        held_last_turn, self._held_back = self._held_back, set()
+
+        def ready(item: QueuedSentence) -> bool:
+            key = _key(item)
+            if not item.encoding or key in held_last_turn:
+                return True
+            self._held_back.add(key)
+            return False
+
+        return ready
 
     def _note_decoding(self) -> None:
         """Tell the encoder thread whether sentences run (`_decoding`); wake it when they
