@@ -256,7 +256,8 @@ class BatchQueue:
 
         A running batch takes none this turn if one of those it would take is not `ready`
         (being encoded ahead): the worker then steps instead of waiting for the encoder, and
-        they all join a step later. (An empty batch has nothing to step: it takes them.)"""
+        they join together at a later turn (the scheduler's `ready` holds a join back once at
+        most). An empty batch has nothing to step: it takes them, ready or not."""
         taken: list[QueuedSentence] = []
         blocked: set[Hashable] = set()
         running = {key for key, room in rooms.items() if not room.empty}
