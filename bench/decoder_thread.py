@@ -36,13 +36,14 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench.service_bench import (
-    MIX,
     MULTI30K_TEST,
     SERVERS,
     chunks,
     ensure_bundles,
     load_sentences,
     open_loop,
+    open_loop_work,
+    percentile,
     server,
 )
 
@@ -52,7 +53,7 @@ WORKER = "worker"  # the scheduler's batch thread; the other threads are named b
 STEP_ROWS = "decoder graph, rows "  # + rows_bucket(rows): a step's time by its rows
 PADDING = "padding share: "  # + what: summed over decoder steps
 
-# (module, class, method, label): what is timed, in the order of the report.
+# (module, class, method, label): what is timed (the report lists the longest first).
 TIMED = [
     ("service.serving.continuous", "ContinuousScheduler", "work_once", "worker turns"),
     ("service.serving.scheduler", "BatchScheduler", "_run", "worker turns"),
@@ -209,12 +210,7 @@ def main() -> None:
     sentences, source = load_sentences(MULTI30K_TEST)
     threads = args.threads or max(1, (os.cpu_count() or 1) - 1)
     rng = random.Random(30)
-    rate = args.load * args.capacity
-    arrivals, at = [], 0.0
-    for _ in range(max(1, round(rate * args.seconds))):
-        at += rng.expovariate(rate)
-        arrivals.append(at)
-    work = [(rng.choice(sentences), rng.choice(MIX)) for _ in range(len(arrivals))]
+    work, arrivals = open_loop_work(rng, sentences, args.load * args.capacity, args.seconds)
     with ExitStack() as stack:
         model_dir = ensure_bundles(args.model_dir, stack)
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmt-timers-")))
@@ -243,11 +239,10 @@ def main() -> None:
         f"engine thread(s), sentences: {source}\n"
     )
     for name in SERVERS:
-        ordered = sorted(latencies[name])
-        p50, p99 = (ordered[round(q * (len(ordered) - 1))] for q in (0.5, 0.99))
+        p50, p99 = (percentile(latencies[name], q) for q in (0.5, 0.99))
         print(
-            f"### {name}: {len(ordered)} requests in {wall[name]:.1f} s, p50 {1000 * p50:.0f} "
-            f"ms, p99 {1000 * p99:.0f} ms\n\n{table(totals[name], wall[name])}\n"
+            f"### {name}: {len(latencies[name])} requests in {wall[name]:.1f} s, p50 "
+            f"{1000 * p50:.0f} ms, p99 {1000 * p99:.0f} ms\n\n{table(totals[name], wall[name])}\n"
         )
 
 

@@ -337,6 +337,19 @@ async def open_loop(
         return latencies, errors, time.perf_counter() - started, len(latencies)
 
 
+def open_loop_work(
+    rng: random.Random, sentences: list[str], rate: float, seconds: float
+) -> tuple[list[tuple[str, int]], list[float]]:
+    """Poisson arrivals at `rate` requests/s for `seconds`: the requests (a sentence, greedy
+    or beam 4 at random) and their arrival times in seconds from the start."""
+    arrivals, at = [], 0.0
+    for _ in range(max(1, round(rate * seconds))):
+        at += rng.expovariate(rate)
+        arrivals.append(at)
+    work = [(rng.choice(sentences), rng.choice(MIX)) for _ in range(len(arrivals))]
+    return work, arrivals
+
+
 def chunks(
     work: list[tuple[str, int]], arrivals: list[float], seconds: float
 ) -> Iterator[tuple[list[tuple[str, int]], list[float]]]:
@@ -745,12 +758,7 @@ def main() -> None:
         print(f"capacity on the mix: {capacity}", file=sys.stderr)
         for index, share in enumerate(float(x) for x in args.loads.split(",")):
             rate = share * min(capacity.values())
-            count = max(1, round(rate * args.open_seconds))
-            arrivals, at = [], 0.0
-            for _ in range(count):
-                at += rng.expovariate(rate)
-                arrivals.append(at)
-            work = [(rng.choice(sentences), rng.choice(MIX)) for _ in range(count)]
+            work, arrivals = open_loop_work(rng, sentences, rate, args.open_seconds)
             level = {name: Run(name, f"{share:.0%} load") for name in SERVERS}
             for chunk, (chunk_work, chunk_arrivals) in enumerate(
                 chunks(work, arrivals, args.chunk_seconds)
