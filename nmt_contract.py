@@ -23,6 +23,13 @@ import numpy as np
 #    joined at different steps) and also returns every layer's cross-attention, attention_i
 BUNDLE_FORMAT = 4
 
+# An optional graph of format 4 (a runtime without it uses "decoder"): the decoder step with the
+# self-attention caches written in place. Instead of past_mask and past/present caches of the
+# cache's own length, it takes buffers [rows, H, capacity, Dh] as past_* and writes each row's
+# new key and value at its position into the buffer it returns as present_* (the runtime binds
+# the same memory to both); a row's cache is the first `positions` of its slot.
+IN_PLACE_DECODER = "decoder_in_place"
+
 
 def attention_output_names(layers: int) -> list[str]:
     """The decoder step's outputs of each layer's cross-attention weights [rows, H, S]."""

@@ -62,6 +62,11 @@ TIMED = [
     ("service.runtime.engine", "DecoderState", "rows_together", "stacking: beam sizes together"),
     ("service.runtime.engine", "DecoderState", "select_rows", "moving rows"),
     ("service.runtime.engine", "DecoderState", "select_sources", "moving sources"),
+    # The in-place layout's own (its select_sources is DecoderState's)
+    ("service.runtime.engine", "InPlaceState", "extend", "stacking: a join"),
+    ("service.runtime.engine", "InPlaceState", "rows_together", "stacking: beam sizes together"),
+    ("service.runtime.engine", "InPlaceState", "select_rows", "moving rows"),
+    ("service.runtime.engine", "InPlaceState", "reserve", "growing cache buffers"),
 ]
 
 
@@ -145,6 +150,33 @@ def serve_with_timers() -> int:
             timers.add(STEP_ROWS + rows_bucket(len(past_mask)), time.perf_counter() - started)
 
     ort.InferenceSession.run = run_and_look
+
+    # The in-place decoder runs through IO binding: its step's rows and source padding are
+    # read from the state by the engine's method that binds it, on the same thread.
+    from service.runtime.engine import Engine
+
+    stepping = threading.local()
+    run_in_place = Engine._run_in_place
+
+    def run_in_place_and_look(engine, state, *args, **kwargs):
+        stepping.rows = state.rows
+        timers.add(f"{PADDING}source positions", 1.0 - float(state.source_mask.mean()))
+        return run_in_place(engine, state, *args, **kwargs)
+
+    bound_run = timers.wrap(
+        ort.InferenceSession.run_with_iobinding,
+        lambda *args, **kwargs: f"ONNX Runtime: decoder ({_thread_role()} thread)",
+    )
+
+    def bound_run_and_look(session, binding, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return bound_run(session, binding, *args, **kwargs)
+        finally:
+            timers.add(STEP_ROWS + rows_bucket(stepping.rows), time.perf_counter() - started)
+
+    Engine._run_in_place = run_in_place_and_look
+    ort.InferenceSession.run_with_iobinding = bound_run_and_look
     path = Path(os.environ[TIMERS_FILE])
 
     def save_often() -> None:

@@ -77,7 +77,9 @@ class Recording:
 def calibration_feeds(bundle: Path, sentences: list[str]) -> dict[str, list[dict]]:
     """The inputs the fp32 encoder and decoder step see while translating `sentences`
     greedy and with beam 4, 8 sentences a batch: what the activations' ranges come from."""
-    translator = Translator(load_bundle(bundle), EngineOptions(int8=False, intra_op_threads=1))
+    # The concatenating step (decoder.onnx): the graph every variant is made from.
+    options = EngineOptions(int8=False, intra_op_threads=1, in_place=False)
+    translator = Translator(load_bundle(bundle), options)
     engine = translator.engine
     engine.encoder, engine.decoder = Recording(engine.encoder), Recording(engine.decoder)
     for beam in (1, 4):
@@ -246,9 +248,9 @@ def step_times(variants: list[Variant], turns: int) -> dict[str, list[float]]:
 
 def quality(folder: Path, int8: bool, sources: list[str], references: list[str]) -> list[dict]:
     """BLEU (and the translations) greedy and with beam 4, 32 sentences a batch."""
-    translator = Translator(
-        load_bundle(folder, verify=False), EngineOptions(int8=int8, intra_op_threads=1)
-    )
+    # (the variants replace decoder.int8.onnx: the concatenating step)
+    options = EngineOptions(int8=int8, intra_op_threads=1, in_place=False)
+    translator = Translator(load_bundle(folder, verify=False), options)
     found = []
     for beam in (1, 4):
         texts = [t.text for t in translator.translate(sources, SearchOptions(beam_size=beam))]

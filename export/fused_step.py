@@ -77,29 +77,12 @@ def _layer(
     qkv_weight = np.concatenate(
         [_weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj)], 1
     )
-    qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
     qkv = g.one("MatMul", [x, g.constant(f"{p}.self.qkv.weight", qkv_weight)], f"{p}.self.qkv")
-    q, k, v = g.node(
-        "Split", [qkv], [f"{p}.self.q", f"{p}.self.k", f"{p}.self.v"], axis=2, num_outputs=3
-    )
-    # The past keys/values [B, H, P, Dh] come in, the present ones [B, H, P+1, Dh] go out;
-    # key_padding_mask [B, P+1] hides the padding in front of rows that joined later.
-    mixed = g.node(
-        "MultiHeadAttention",
-        [
-            q,
-            k,
-            v,
-            g.constant(f"{p}.self.qkv.bias", qkv_bias),
-            masks["self"],
-            "",
-            f"past_keys_{i}",
-            f"past_values_{i}",
-        ],
-        [f"{p}.self.mixed", f"present_keys_{i}", f"present_values_{i}"],
-        domain=MS,
-        num_heads=heads,
-    )[0]  # [B, 1, D]
+    qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+    if "cache_lengths" in masks:
+        mixed = _self_attention_in_place(g, i, heads, qkv, qkv_bias, masks)
+    else:
+        mixed = _self_attention_concatenated(g, i, heads, qkv, qkv_bias, masks)
     out = g.one(
         "MatMul",
         [mixed, g.constant(f"{p}.self.out.weight", _weight(attn.out_proj))],
@@ -143,6 +126,66 @@ def _layer(
     hidden = _activation(g, ffn.activation.__name__, hidden, f"{p}.activation")
     out = g.one("MatMul", [hidden, g.constant(f"{p}.fc2.weight", _weight(ffn.fc2))], f"{p}.fc2")
     return _add_and_norm(g, out, ffn.fc2.bias, x, layer.final_layer_norm, f"{p}.ffn")
+
+
+def _self_attention_concatenated(
+    g: _Graph, i: int, heads: int, qkv: str, qkv_bias: torch.Tensor, masks: dict[str, str]
+) -> str:
+    """Self-attention of the new position over the past ones and itself, the cache passed in
+    and out whole: past keys/values [B, H, P, Dh] come in, the present ones [B, H, P+1, Dh]
+    (a copy of the past with the new position appended) go out; key_padding_mask [B, P+1]
+    hides the padding in front of rows that joined later. qkv [B, 1, 3D] -> [B, 1, D]."""
+    p = f"layer{i}"
+    q, k, v = g.node(
+        "Split", [qkv], [f"{p}.self.q", f"{p}.self.k", f"{p}.self.v"], axis=2, num_outputs=3
+    )
+    return g.node(
+        "MultiHeadAttention",
+        [
+            q,
+            k,
+            v,
+            g.constant(f"{p}.self.qkv.bias", qkv_bias),
+            masks["self"],
+            "",
+            f"past_keys_{i}",
+            f"past_values_{i}",
+        ],
+        [f"{p}.self.mixed", f"present_keys_{i}", f"present_values_{i}"],
+        domain=MS,
+        num_heads=heads,
+    )[0]
+
+
+def _self_attention_in_place(
+    g: _Graph, i: int, heads: int, qkv: str, qkv_bias: torch.Tensor, masks: dict[str, str]
+) -> str:
+    """Self-attention over a cache that stays where it is: each row's keys/values sit at the
+    start of its own slot of a buffer [B, H, C, Dh] (C: the buffer's capacity), its first
+    cache_lengths[b] positions real, whatever follows them unread. GroupQueryAttention (with
+    as many key/value heads as query heads: plain multi-head attention) writes the new
+    position's key and value at cache_lengths[b] and attends to the first cache_lengths[b] + 1.
+    The engine binds past and present to the same buffer, so nothing else is copied, and a
+    row's cache never holds padding: rows that joined later just have shorter caches.
+    qkv [B, 1, 3D] -> [B, 1, D]."""
+    p = f"layer{i}"
+    qkv = g.one("Add", [qkv, g.constant(f"{p}.self.qkv.bias", qkv_bias)], f"{p}.self.qkv_biased")
+    return g.node(
+        "GroupQueryAttention",
+        [
+            qkv,  # packed: queries, keys and values of the new position
+            "",
+            "",
+            f"past_keys_{i}",
+            f"past_values_{i}",
+            masks["cache_lengths"],
+            masks["total_length"],
+        ],
+        [f"{p}.self.mixed", f"present_keys_{i}", f"present_values_{i}"],
+        domain=MS,
+        num_heads=heads,
+        kv_num_heads=heads,
+    )[0]
 
 
 def _add_and_norm(
@@ -212,23 +255,36 @@ def _shortlisted_top_k(g: _Graph, model: Transformer, x: str) -> None:
     g.one("Gather", ["vocabulary", "top_candidates"], "top_ids")  # [B, k] vocabulary ids
 
 
-def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.ModelProto:
+def fused_decoder_step(
+    model: Transformer, shortlist: bool = False, in_place: bool = False
+) -> onnx.ModelProto:
     """The decoder step of `model` (see the module docstring) as an ONNX model. `shortlist`:
-    the step of a vocabulary shortlist (see _shortlisted_top_k), with two more inputs."""
+    the step of a vocabulary shortlist (see _shortlisted_top_k), with two more inputs.
+    `in_place`: the self-attention caches are buffers the step writes into (see
+    _self_attention_in_place): no past_mask input, and each row's cache length is its
+    position."""
     config = model.config
     g = _Graph()
     dims = config.d_model
     int64 = lambda name, values: g.constant(name, np.array(values, dtype=np.int64))  # noqa: E731
 
-    # Masks, int32 as MultiHeadAttention reads them (1 = attend). Self-attention: the past plus
-    # the new position, which is real for every row: past_mask [B, P] -> [B, P+1].
-    past = g.one("Cast", ["past_mask"], "past_mask_int", to=TensorProto.INT32)
-    pads = int64("pad_new_position", [0, 0, 0, 1])
-    one = g.constant("one_int", np.array(1, dtype=np.int32))
-    masks = {
-        "self": g.one("Pad", [past, pads, one], "self_mask"),
-        "source": g.one("Cast", ["source_mask"], "source_mask_int", to=TensorProto.INT32),
-    }
+    # Masks, int32 as MultiHeadAttention reads them (1 = attend).
+    masks = {"source": g.one("Cast", ["source_mask"], "source_mask_int", to=TensorProto.INT32)}
+    if in_place:
+        # A row's cache holds its `positions` past tokens, from the start of its slot:
+        # GroupQueryAttention's seqlens_k [B] and the longest (past + new) over the rows.
+        lengths = g.one("Cast", ["positions"], "cache_lengths", to=TensorProto.INT32)
+        longest = g.one("ReduceMax", [lengths], "longest_cache", keepdims=0)
+        one = g.constant("one_int", np.array(1, dtype=np.int32))
+        masks["cache_lengths"] = lengths
+        masks["total_length"] = g.one("Add", [longest, one], "total_length")
+    else:
+        # Self-attention: the past plus the new position, which is real for every row:
+        # past_mask [B, P] -> [B, P+1].
+        past = g.one("Cast", ["past_mask"], "past_mask_int", to=TensorProto.INT32)
+        pads = int64("pad_new_position", [0, 0, 0, 1])
+        one = g.constant("one_int", np.array(1, dtype=np.int32))
+        masks["self"] = g.one("Pad", [past, pads, one], "self_mask")
     sources = g.one("Shape", ["source_mask"], "sources", start=0, end=1)
     source_length = g.one("Shape", ["source_mask"], "source_length", start=1, end=2)
     shapes = {
@@ -265,7 +321,7 @@ def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.Mode
     last = attention_output_names(config.decoder_layers)[-1]
     g.one("ReduceMean", [last, int64("axis_heads", [1])], "alignment", keepdims=0)
 
-    inputs = _inputs(config)
+    inputs = _inputs(config, in_place)
     if shortlist:
         inputs += [
             helper.make_tensor_value_info("vocabulary", TensorProto.INT64, ["candidates"]),
@@ -273,7 +329,8 @@ def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.Mode
                 "output_projection", TensorProto.FLOAT, [dims, "candidates"]
             ),
         ]
-    graph = helper.make_graph(g.nodes, "decoder_step", inputs, _outputs(config), g.initializers)
+    outputs = _outputs(config, in_place)
+    graph = helper.make_graph(g.nodes, "decoder_step", inputs, outputs, g.initializers)
     # MultiHeadAttention's qk output may be another float type than its inputs: say which.
     graph.value_info.extend(
         helper.make_tensor_value_info(f"layer{i}.cross.scores", TensorProto.FLOAT, None)
@@ -288,18 +345,19 @@ def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.Mode
     return model_proto
 
 
-def _inputs(config) -> list[onnx.ValueInfoProto]:
+def _inputs(config, in_place: bool = False) -> list[onnx.ValueInfoProto]:
     f32, i64, flag = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
     heads, head_dim = config.n_heads, config.head_dim
     info = helper.make_tensor_value_info
     layers = config.decoder_layers
+    past = "capacity" if in_place else "past"  # a buffer's positions, or the cache's own
     return [
         info("target_ids", i64, ["batch", 1]),
         info("source_mask", flag, ["sources", "source"]),
         info("top_k", i64, []),
-        info("past_mask", flag, ["batch", "past"]),
+        *([] if in_place else [info("past_mask", flag, ["batch", "past"])]),
         info("positions", i64, ["batch"]),
-        *(info(n, f32, ["batch", heads, "past", head_dim]) for n in layer_names("past", layers)),
+        *(info(n, f32, ["batch", heads, past, head_dim]) for n in layer_names("past", layers)),
         *(
             info(n, f32, ["sources", heads, "source", head_dim])
             for n in layer_names("cross", layers)
@@ -307,7 +365,7 @@ def _inputs(config) -> list[onnx.ValueInfoProto]:
     ]
 
 
-def _outputs(config) -> list[onnx.ValueInfoProto]:
+def _outputs(config, in_place: bool = False) -> list[onnx.ValueInfoProto]:
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     heads, head_dim = config.n_heads, config.head_dim
     info = helper.make_tensor_value_info
@@ -318,7 +376,7 @@ def _outputs(config) -> list[onnx.ValueInfoProto]:
         info("alignment", f32, ["batch", "source"]),
         *(info(n, f32, ["batch", heads, "source"]) for n in attention_output_names(layers)),
         *(
-            info(n, f32, ["batch", heads, "past_plus_one", head_dim])
+            info(n, f32, ["batch", heads, "capacity" if in_place else "past_plus_one", head_dim])
             for n in layer_names("present", layers)
         ),
     ]

@@ -44,6 +44,7 @@ from export.fused_step import fused_decoder_step
 from export.model.transformer import Transformer
 from nmt_contract import (
     BUNDLE_FORMAT,
+    IN_PLACE_DECODER,
     SHORTLIST_FILE,
     Shortlist,
     attention_output_names,
@@ -191,6 +192,7 @@ def _export(module: nn.Module, args: tuple, path: Path, names: dict, dynamic: di
 
 
 DECODER_GRAPHS = ("fused", "traced")
+IN_PLACE_FILE = "decoder_in_place.onnx"
 
 
 def export_graphs(
@@ -217,12 +219,16 @@ def export_graphs(
             {"inputs": ["source_ids", "source_mask"], "outputs": cross_names},
             {"source_ids": by_source, "source_mask": by_source} | dict.fromkeys(cross_names, cross),
         )
+        graphs = ["encoder.onnx", "decoder.onnx"]
         if decoder == "fused":
             _save_fused_step(fused_decoder_step(model), out_dir / "decoder.onnx")
+            # The same step writing its self-attention caches in place (what the engine runs)
+            _save_fused_step(fused_decoder_step(model, in_place=True), out_dir / IN_PLACE_FILE)
+            graphs.append(IN_PLACE_FILE)
         else:
             _export_traced_step(model, out_dir)
         if not nocache:
-            return ["encoder.onnx", "decoder.onnx"]
+            return graphs
         _export(
             DecoderNoCacheGraph(model),
             (x["target_prefix"], x["source_mask"], x["top_k"], *x["cross"]),
@@ -235,7 +241,7 @@ def export_graphs(
             | {"top_log_probs": top, "top_ids": top}
             | dict.fromkeys(cross_names, cross),
         )
-    return ["encoder.onnx", "decoder.onnx", "decoder_nocache.onnx"]
+    return [*graphs, "decoder_nocache.onnx"]
 
 
 def _export_traced_step(model: Transformer, out_dir: Path) -> None:
@@ -407,6 +413,7 @@ def export_bundle(
             "graphs": {
                 "encoder": "encoder.onnx",
                 "decoder": "decoder.onnx",
+                **({IN_PLACE_DECODER: IN_PLACE_FILE} if IN_PLACE_FILE in files else {}),
                 **({} if serving_only else {"decoder_nocache": "decoder_nocache.onnx"}),
                 **({"decoder_shortlist": shortlist["graph"]} if shortlist else {}),
             },

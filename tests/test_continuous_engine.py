@@ -1,7 +1,7 @@
-"""Continuous batching on the real engine: whatever step the others are at when a sentence
-joins, and whatever settings they were asked with, every sentence comes out as it does when
-decoded alone (fp32: int8's dynamic quantization scales activations per batch, so its
-outputs depend on the batch at any batching)."""
+"""Continuous batching on the real engine, with both cache layouts: whatever step the others
+are at when a sentence joins, and whatever settings they were asked with, every sentence comes
+out as it does when decoded alone (fp32: int8's dynamic quantization scales activations per
+batch, so its outputs depend on the batch at any batching)."""
 
 from __future__ import annotations
 
@@ -32,9 +32,14 @@ MIXED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def translator(fr_en_bundle: Path) -> Translator:
-    return Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
+@pytest.fixture(scope="module", params=[True, False], ids=["in-place", "concatenating"])
+def translator(fr_en_bundle: Path, request: pytest.FixtureRequest) -> Translator:
+    """Both cache layouts: written in place (the bundle's decoder_in_place graph, the
+    default) and concatenated at every step (the shortlist's and older bundles' decoder)."""
+    options = EngineOptions(intra_op_threads=1, in_place=request.param)
+    translator = Translator(load_bundle(fr_en_bundle), options)
+    assert translator.engine.in_place == request.param
+    return translator
 
 
 def scheduler_for(translator: Translator, together: bool = True, **limits) -> ContinuousScheduler:

@@ -44,8 +44,8 @@ def random_model(activation: str, seed: int) -> Transformer:
     return model
 
 
-def session(model: Transformer):
-    proto = fused_decoder_step(model)
+def session(model: Transformer, in_place: bool = False):
+    proto = fused_decoder_step(model, in_place=in_place)
     return ort.InferenceSession(
         proto.SerializeToString(),
         session_options(EngineOptions(intra_op_threads=1)),
@@ -140,6 +140,52 @@ def test_a_fused_step_gives_what_the_torch_model_gives(
             np.testing.assert_allclose(
                 found[name], expected[name], atol=2e-5, rtol=1e-4, err_msg=name
             )
+
+
+@pytest.mark.parametrize("activation", ["relu", "swish"])
+@pytest.mark.parametrize(
+    ("sources", "rows_per_source", "past", "source"), [(1, 1, 0, 5), (3, 2, 4, 7), (2, 4, 9, 3)]
+)
+def test_the_in_place_step_gives_what_the_torch_model_gives_and_writes_one_position(
+    activation: str, sources: int, rows_per_source: int, past: int, source: int
+) -> None:
+    """The same step with each row's cache at the start of its slot of a longer buffer, bound
+    as both past and present: the outputs of the torch model, each row's new key and value
+    written right after its own cache, and nothing else in the buffer touched."""
+    model = random_model(activation, seed=past + source)
+    feeds = step_inputs(sources, rows_per_source, past, source, seed=source)
+    expected = torch_step(model, feeds)
+    rows, capacity, garbage = sources * rows_per_source, past + 3, 1e3
+    lengths = feeds["positions"]  # each row's real cache: the last `length` of its past
+    step = session(model, in_place=True)
+    binding = step.io_binding()
+    names = ["top_log_probs", "top_ids", "alignment", *attention_output_names(LAYERS)]
+    for name in names:  # first: get_outputs() lists the outputs in the order they were bound
+        binding.bind_output(name, "cpu")
+    buffers = {}
+    for past_name, present_name in zip(
+        layer_names("past", LAYERS), layer_names("present", LAYERS), strict=True
+    ):
+        buffer = np.full((rows, HEADS, capacity, HEAD_DIM), garbage, dtype=np.float32)
+        for row, length in enumerate(lengths):
+            buffer[row, :, :length] = feeds[past_name][row, :, past - length :]
+        buffers[present_name] = buffer
+        for bind in (binding.bind_input, binding.bind_output):
+            name = past_name if bind == binding.bind_input else present_name
+            bind(name, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+    for name, value in feeds.items():
+        if name != "past_mask" and not name.startswith("past_"):
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+    step.run_with_iobinding(binding)
+    found = dict(zip(names, [value.numpy() for value in binding.get_outputs()], strict=False))
+    np.testing.assert_array_equal(found["top_ids"][:, :3], expected["top_ids"][:, :3])
+    for name in names[:1] + names[2:]:
+        np.testing.assert_allclose(found[name], expected[name], atol=2e-5, rtol=1e-4)
+    for name, buffer in buffers.items():
+        for row, length in enumerate(lengths):  # present: [rows, H, past + 1, Dh]
+            real = expected[name][row, :, past - length :]
+            np.testing.assert_allclose(buffer[row, :, : length + 1], real, atol=2e-5, rtol=1e-4)
+            assert (buffer[row, :, length + 1 :] == garbage).all()
 
 
 def test_the_fused_step_has_under_half_the_nodes_of_the_traced_one(tmp_path) -> None:

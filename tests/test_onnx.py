@@ -26,9 +26,14 @@ def random_sources(count: int, vocab: int, seed: int) -> list[list[int]]:
     return [[*rng.integers(3, vocab, rng.integers(1, 12)).tolist(), 1] for _ in range(count)]
 
 
-def test_decoder_steps_match_torch_for_a_padded_batch(tiny_checkpoint: Path, tiny_bundle: Path):
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "concatenating"])
+def test_decoder_steps_match_torch_for_a_padded_batch(
+    tiny_checkpoint: Path, tiny_bundle: Path, in_place: bool
+) -> None:
+    """Every step's log-probs, alignment and layer-0 keys, for both cache layouts."""
     model, _ = load_model_dir(tiny_checkpoint)
-    engine = Engine(load_bundle(tiny_bundle))
+    engine = Engine(load_bundle(tiny_bundle), EngineOptions(in_place=in_place))
+    assert engine.in_place == in_place
     sources = random_sources(4, 400, seed=1)
     source_ids = pad(sources, 0)
     source_mask = source_ids != 0
@@ -49,7 +54,10 @@ def test_decoder_steps_match_torch_for_a_padded_batch(tiny_checkpoint: Path, tin
             result = engine.step_log_probs(state, targets[:, step].numpy(), want_alignment=True)
             assert np.abs(result.log_probs - expected).max() <= 1e-4, f"step {step}"
             np.testing.assert_allclose(result.alignment, weights[:, -1].numpy(), atol=1e-5)
-            assert state.past[0].shape == (4, 4, step + 1, 16)  # [B, H, P, Dh]
+            # [B, H, P, Dh]: the whole cache, or a buffer whose first P positions are it
+            keys = state.past[0][:, :, : step + 1] if in_place else state.past[0]
+            assert keys.shape == (4, 4, step + 1, 16)
+            np.testing.assert_allclose(keys, past[0][0].numpy(), atol=1e-5)
 
 
 def test_the_nocache_decoder_gives_the_same_log_probs(tiny_bundle: Path) -> None:
@@ -282,8 +290,11 @@ def pad_arrays(sources: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ids, ids != 0
 
 
+@pytest.mark.parametrize(
+    ("graph_file", "in_place"), [("decoder.onnx", False), ("decoder_in_place.onnx", True)]
+)
 def test_a_decoder_graph_from_another_exporter_is_refused_at_load(
-    tiny_bundle: Path, tmp_path: Path
+    tiny_bundle: Path, tmp_path: Path, graph_file: str, in_place: bool
 ) -> None:
     """Same format number, a name missing (an exporter of this format's development): the
     engine says so when it loads, not at the first request that needs the name."""
@@ -293,13 +304,13 @@ def test_a_decoder_graph_from_another_exporter_is_refused_at_load(
 
     copy = tmp_path / "stale"
     shutil.copytree(tiny_bundle, copy)
-    graph = onnx.load(str(copy / "decoder.onnx"))
+    graph = onnx.load(str(copy / graph_file))
     kept = [output for output in graph.graph.output if output.name != "attention_0"]
     del graph.graph.output[:]
     graph.graph.output.extend(kept)
-    onnx.save(graph, str(copy / "decoder.onnx"))
+    onnx.save(graph, str(copy / graph_file))
     manifest = json.loads((copy / "bundle.json").read_text())
-    manifest["files"]["decoder.onnx"] = sha256_of(copy / "decoder.onnx")
+    manifest["files"][graph_file] = sha256_of(copy / graph_file)
     (copy / "bundle.json").write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match=r"lacks attention_0.*re-export"):
-        Engine(load_bundle(copy))
+        Engine(load_bundle(copy), EngineOptions(in_place=in_place))

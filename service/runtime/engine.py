@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from nmt_contract import Shortlist, attention_output_names, layer_names
+from nmt_contract import IN_PLACE_DECODER, Shortlist, attention_output_names, layer_names
 from service.runtime.bundle import Bundle, BundleError
 
 log = logging.getLogger("nmt.engine")
@@ -46,6 +46,11 @@ class EngineOptions:
     # faster, mostly in beam search; results change a little (export/shortlist.py,
     # docs/performance.md).
     shortlist: bool = False
+    # Self-attention caches written in place (the bundle's decoder_in_place graph, when it has
+    # one): a step writes each row's new key and value into a buffer that stays bound, instead
+    # of passing the whole cache in and a copy one position longer out; rows that join later
+    # need no padding. False: the concatenating decoder (for comparisons).
+    in_place: bool = True
 
 
 def session_options(options: EngineOptions) -> ort.SessionOptions:
@@ -167,6 +172,10 @@ class DecoderState:
             moves = _Moves(sources)
             self.cross = [moves.apply(cache) for cache in self.cross]
         self.source_mask = np.ascontiguousarray(source_mask)
+        self._buffers_changed()
+
+    def _buffers_changed(self) -> None:
+        """Arrays a step reads were replaced or changed shape (InPlaceState binds them)."""
 
     def per_source(self) -> list[DecoderState]:
         """One state per source (views, no copy), for sources encoded together that may join
@@ -236,20 +245,8 @@ class DecoderState:
         views of that step's, in their places: nobody joined or left since (beams reordered
         in place). The cross keys/values (one copy per row) are that step's too: reordered
         beams share their source. None otherwise."""
-        if not states or states[0].together is None:
-            return None
-        previous = states[0].together[0]
-        start = 0
-        for state in states:
-            if state.together is None or state.together != (previous, start):
-                return None
-            for mine, whole in zip(state.past, previous.past, strict=True):
-                if mine.shape != (state.rows, *whole.shape[1:]) or _address(mine) != (
-                    _address(whole) + start * whole.strides[0]
-                ):
-                    return None
-            start += state.rows
-        if start != previous.rows:
+        previous = _last_together(states)
+        if previous is None:
             return None
         return DecoderState(
             cross=previous.cross,
@@ -259,6 +256,197 @@ class DecoderState:
             positions=np.concatenate([state.positions for state in states]),
             prefix=previous.prefix,
         )
+
+
+@dataclass
+class InPlaceState(DecoderState):
+    """A DecoderState whose self-attention caches stay where they are (the in-place decoder).
+
+    past: keys_0, values_0, ... each a buffer [capacity rows, H, capacity, Dh]. Row r of the
+    state is slot r of every buffer; its cache is the slot's first positions[r] positions,
+    left-aligned, and what follows them is never read. A step writes each row's new key and
+    value at its own position, in the buffer itself (the engine binds it as the graph's past
+    and present). So:
+    * a row that joins later has a shorter cache, not padding: no past_mask;
+    * joining copies no cache (a new row starts empty, in a free slot) unless a buffer must
+      grow, which doubles it (a few times in a batch's life);
+    * leaving and beam reordering copy the moved rows' real positions only.
+    The rows in use are the buffers' leading slots, so the graph reads buffer[:rows] in place.
+    """
+
+    # (past_mask is None: no padding)
+    # The IO binding of the last step, the arrays bound besides the caches, and what it was
+    # made for (Engine._run_in_place); bound is None when its arrays changed.
+    binding: object | None = None
+    io: dict | None = None
+    bound: tuple | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.past[0].shape[2]
+
+    def _buffers_changed(self) -> None:
+        self.bound = None  # the next step binds its arrays again
+
+    def reserve(self, rows: int, length: int) -> None:
+        """Room for `rows` rows of `length` positions: the buffers are grown (doubled, at
+        least 16 positions) and the real positions copied when they are too small. (After a
+        step taken together the buffers are views of that step's, exactly our rows: whatever
+        fits in them is ours, and growing makes buffers of our own.)"""
+        shape = self.past[0].shape
+        if rows <= shape[0] and length <= shape[2]:
+            return
+        new_rows = max(rows, 2 * shape[0] if rows > shape[0] else shape[0])
+        new_length = max(length, 2 * shape[2] if length > shape[2] else shape[2], 16)
+        used, longest = self.rows, int(self.positions.max(initial=0))
+        grown = []
+        for buffer in self.past:
+            new = np.empty((new_rows, shape[1], new_length, shape[3]), dtype=buffer.dtype)
+            new[:used, :, :longest] = buffer[:used, :, :longest]
+            grown.append(new)
+        self.past = grown
+        self.together = None
+        self._buffers_changed()
+
+    def select_rows(self, rows: np.ndarray) -> None:
+        """Keep (and reorder) rows: rows[i] is the row that new row i continues. Only the rows
+        that move are copied, and only their real positions (the right side of the assignment
+        is gathered first, so a row may move onto a place another row leaves)."""
+        if len(rows) > self.past[0].shape[0]:
+            self.reserve(len(rows), self.capacity)
+        if len(rows) != self.rows:  # rows left: the next step together stacks them again
+            self.together = None
+            self._buffers_changed()
+        positions = np.take(self.positions, rows)
+        moved = np.flatnonzero(rows != np.arange(len(rows)))
+        if len(moved):
+            origins = rows[moved]
+            longest = int(positions[moved].max())
+            if longest:
+                for buffer in self.past:
+                    buffer[moved, :, :longest] = buffer[origins, :, :longest]
+        self.positions = positions
+        self.prefix = np.take(self.prefix, rows, axis=0)
+
+    def per_source(self) -> list[DecoderState]:
+        """One state per source, for sources encoded together that may join at different
+        times. Only for a state that has not stepped yet: their caches are empty, and each
+        gets buffers of its own when it first needs room."""
+        if self.positions.any():
+            raise ValueError("only a state that has not stepped yet can be split")
+        rows = self.rows // self.sources
+        return [
+            InPlaceState(
+                cross=[layer[k : k + 1] for layer in self.cross],
+                source_mask=self.source_mask[k : k + 1],
+                past=[_empty_buffer(cache, rows) for cache in self.past],
+                past_mask=None,
+                positions=self.positions[k * rows : (k + 1) * rows],
+                prefix=self.prefix[k * rows : (k + 1) * rows],
+                vocabulary=self.vocabulary,
+            )
+            for k in range(self.sources)
+        ]
+
+    def extend(self, *joining: DecoderState) -> None:
+        """Append other states' sources and rows after ours (see DecoderState.extend). The
+        sources are stacked as there; the new rows take the next free slots, where an empty
+        cache needs no copy (a state that has stepped brings its real positions)."""
+        states = [self, *joining]
+        width = max(int(state.source_mask.sum(axis=1).max(initial=0)) for state in states)
+        copies = [1] * len(states)
+        self.cross = [
+            _stacked(list(layer), axis=2, size=width, copies=copies)
+            for layer in zip(*(state.cross for state in states), strict=True)
+        ]
+        self.source_mask = _stacked([s.source_mask for s in states], 1, width, copies=copies)
+        start, total = self.rows, sum(state.rows for state in states)
+        longest = max(int(state.positions.max(initial=0)) for state in states)
+        self.reserve(total, max(longest, self.capacity))
+        for state in joining:
+            length = int(state.positions.max(initial=0))
+            if length:
+                for mine, theirs in zip(self.past, state.past, strict=True):
+                    mine[start : start + state.rows, :, :length] = theirs[: state.rows, :, :length]
+            start += state.rows
+        self.positions = np.concatenate([state.positions for state in states])
+        if any(state.prefix.shape[1] for state in states):
+            raise ValueError("the no-cache decoder (benchmarks only) cannot join rows midway")
+        self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
+        self.together = None
+        self._buffers_changed()
+
+    @staticmethod
+    def rows_together(states: list[DecoderState]) -> DecoderState:
+        """The rows of `states` as one state with one row per source (see
+        DecoderState.rows_together): each row gets its own copy of its source's keys and
+        values; the caches are copied into new buffers, their real positions only."""
+        width = max(state.source_mask.shape[1] for state in states)
+        copies = [state.rows // state.sources for state in states]
+        total = sum(state.rows for state in states)
+        capacity = max(state.capacity for state in states)
+        template = states[0].past[0]
+        shape = (total, template.shape[1], capacity, template.shape[3])
+        past = [np.empty(shape, dtype=template.dtype) for _ in states[0].past]
+        start = 0
+        for state in states:
+            length = int(state.positions.max(initial=0))
+            for mine, theirs in zip(past, state.past, strict=True):
+                mine[start : start + state.rows, :, :length] = theirs[: state.rows, :, :length]
+            start += state.rows
+        return InPlaceState(
+            cross=[
+                _stacked(list(layer), axis=2, size=width, copies=copies)
+                for layer in zip(*(state.cross for state in states), strict=True)
+            ],
+            source_mask=_stacked([s.source_mask for s in states], 1, width, copies=copies),
+            past=past,
+            past_mask=None,
+            positions=np.concatenate([state.positions for state in states]),
+            prefix=np.zeros((total, 0), dtype=np.int64),
+        )
+
+    def take_rows_of(self, stepped: DecoderState, start: int, stop: int) -> None:
+        """After a step of rows_together(...): this state's rows are start..stop of `stepped`
+        (views of its buffers: until it joins or grows, it writes into them)."""
+        self.past = [buffer[start:stop] for buffer in stepped.past]
+        self.positions = stepped.positions[start:stop]
+        self.together = (stepped, start)
+        self._buffers_changed()
+
+    @staticmethod
+    def went_on_together(states: list[DecoderState]) -> DecoderState | None:
+        """rows_together(states) without copying, where the states are still the rows of the
+        last step taken together, in their places (see DecoderState.went_on_together)."""
+        previous = _last_together(states)
+        if previous is None:
+            return None
+        previous.positions = np.concatenate([state.positions for state in states])
+        return previous
+
+
+def _last_together(states: list[DecoderState]) -> DecoderState | None:
+    """The state of the last step taken together, if `states` are its rows, in the same order,
+    and each one's caches are still views of its caches, in their places; else None."""
+    if not states or states[0].together is None:
+        return None
+    previous = states[0].together[0]
+    start = 0
+    for state in states:
+        if state.together != (previous, start):
+            return None
+        for mine, whole in zip(state.past, previous.past, strict=True):
+            if mine.shape != (state.rows, *whole.shape[1:]) or _address(mine) != (
+                _address(whole) + start * whole.strides[0]
+            ):
+                return None
+        start += state.rows
+    return previous if start == previous.rows else None
+
+
+def _empty_buffer(like: np.ndarray, rows: int) -> np.ndarray:
+    """A cache buffer for `rows` rows and no positions yet (reserve grows it)."""
+    return np.empty((rows, like.shape[1], 0, like.shape[3]), dtype=like.dtype)
 
 
 def _address(array: np.ndarray) -> int:
@@ -424,6 +612,16 @@ class Engine:
                     f"{bundle.path}: the shortlist does not fit the model's {self.vocab_size} "
                     "words: rebuild it with `nmt shortlist` and re-export"
                 )
+        # The in-place decoder (self-attention caches written where they are) when the bundle
+        # has one; not for the shortlist's step, which concatenates.
+        self.in_place = (
+            self.options.in_place
+            and self.options.use_cache
+            and self.shortlist is None
+            and IN_PLACE_DECODER in bundle.manifest["graphs"]
+        )
+        if self.in_place:
+            role = IN_PLACE_DECODER
         self.decoder = _session(bundle.graph(role, self.options.int8), self.options)
         if self.options.use_cache:
             self._check_decoder_names(bundle)
@@ -433,7 +631,8 @@ class Engine:
         first request that needs a missing name: refuse it at load, saying what to do."""
         inputs = {value.name for value in self.decoder.get_inputs()}
         outputs = {value.name for value in self.decoder.get_outputs()}
-        needed_inputs = {"target_ids", "source_mask", "top_k", "past_mask", "positions"}
+        needed_inputs = {"target_ids", "source_mask", "top_k", "positions"}
+        needed_inputs |= set() if self.in_place else {"past_mask"}
         needed_inputs |= {*self.past_names, *self.cross_names}
         needed_outputs = {"top_log_probs", "top_ids", "alignment", *self.attention_names}
         needed_outputs |= set(self.present_names)
@@ -462,6 +661,15 @@ class Engine:
         )
         rows = source_ids.shape[0] * rows_per_source
         empty = np.zeros((rows, self.heads, 0, self.head_dim), dtype=np.float32)
+        if self.in_place:
+            return InPlaceState(
+                cross=cross,
+                source_mask=source_mask,
+                past=[_empty_buffer(empty, rows) for _ in self.past_names],
+                past_mask=None,
+                positions=np.zeros(rows, dtype=np.int64),
+                prefix=np.zeros((rows, 0), dtype=np.int64),
+            )
         vocabulary = None
         if self.shortlist is not None:
             vocabulary = self.shortlist.vocabulary_for(source_ids[source_mask])
@@ -533,6 +741,8 @@ class Engine:
             state.prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)
             feeds["target_ids"] = state.prefix
             return StepResult(*self.decoder.run(outputs, feeds))
+        if self.in_place:
+            return self._run_in_place(state, tokens, top_k, alignment, attention)
         feeds["target_ids"] = tokens[:, None]
         if self.shortlist is not None:
             if state.projection is None:  # once per vocabulary, not per step
@@ -555,3 +765,77 @@ class Engine:
         state.past_mask = np.concatenate([state.past_mask, _true_column(state.rows)], axis=1)
         state.positions = state.positions + 1
         return StepResult(**found)
+
+    def _run_in_place(
+        self, state: InPlaceState, tokens: np.ndarray, top_k: int, alignment: bool, attention: bool
+    ) -> StepResult:
+        """A step of the in-place decoder through IO binding: the cache buffers are bound as
+        both past and present (the graph writes each row's new position into them); the
+        tokens, positions and outputs are arrays of the state's, bound once and written or
+        copied out at each step. Binding a name costs a few microseconds through ONNX
+        Runtime's Python API, so the binding is kept in the state and made again only when
+        its arrays changed (rows joined or left, buffers grew) or other outputs are asked for."""
+        rows = state.rows
+        state.reserve(rows, int(state.positions.max(initial=0)) + 1)  # room for the new one
+        k = min(top_k, self.vocab_size)
+        if state.bound != (k, alignment, attention):
+            state.binding, state.io = self._bind_state(state, k, alignment, attention)
+            state.bound = (k, alignment, attention)
+        io = state.io
+        io["target_ids"][:, 0] = tokens
+        io["positions"][:] = state.positions
+        self.decoder.run_with_iobinding(state.binding)
+        state.positions = state.positions + 1  # every row moves on by one
+        # Copies: the arrays are written again by the next step, the results are the caller's.
+        result = StepResult(io["top_log_probs"].copy(), io["top_ids"].copy())
+        if alignment:
+            result.alignment = io["alignment"].copy()
+        if attention:  # [L, rows, H, S] -> [rows, L, H, S]
+            result.attention = np.ascontiguousarray(io["attention"].transpose(1, 0, 2, 3))
+        return result
+
+    def _bind_state(
+        self, state: InPlaceState, k: int, alignment: bool, attention: bool
+    ) -> tuple[ort.IOBinding, dict[str, np.ndarray]]:
+        """A new binding for the state's steps, and the arrays bound besides the caches: the
+        sources' keys and values and the cache buffers (their leading slots, one per row, as
+        both past and present) as they are; the tokens, positions and outputs to new arrays."""
+        rows, width = state.rows, state.source_mask.shape[1]
+        binding = self.decoder.io_binding()
+        io = {
+            "target_ids": np.zeros((rows, 1), dtype=np.int64),
+            "positions": np.zeros(rows, dtype=np.int64),
+            "top_k": _top_k_input(k),
+            "top_log_probs": np.empty((rows, k), dtype=np.float32),
+            "top_ids": np.empty((rows, k), dtype=np.int64),
+        }
+        inputs = {"source_mask": state.source_mask}
+        inputs |= dict(zip(self.cross_names, state.cross, strict=True))
+        inputs |= {name: io[name] for name in ("target_ids", "positions", "top_k")}
+        outputs = {name: io[name] for name in ("top_log_probs", "top_ids")}
+        if alignment:
+            outputs["alignment"] = io["alignment"] = np.empty((rows, width), dtype=np.float32)
+        if attention:  # one array for all layers, each layer's part contiguous
+            io["attention"] = np.empty((self.layers, rows, self.heads, width), dtype=np.float32)
+            outputs |= dict(zip(self.attention_names, io["attention"], strict=True))
+        for past, present, buffer in zip(
+            self.past_names, self.present_names, state.past, strict=True
+        ):
+            inputs[past] = outputs[present] = buffer[:rows]  # contiguous: a leading part
+        for name, array in inputs.items():
+            # (kept in io: the binding holds only the address)
+            io[name] = array = np.ascontiguousarray(array)
+            _bind_input(binding, name, array)
+        for name, array in outputs.items():
+            _bind_output(binding, name, array)
+        return binding, io
+
+
+def _bind_input(binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
+    binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+
+
+def _bind_output(binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
+    """Bind an output to an array of ours (C-contiguous, of the output's shape): ONNX Runtime
+    writes into it."""
+    binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)

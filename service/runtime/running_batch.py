@@ -621,7 +621,8 @@ def step_together(batches: list[RunningBatch]) -> list[list[Finished]]:
         # (a shortlist's candidates are per batch; the no-cache decoder is for benchmarks)
         return [batch.step() for batch in batches]
     states = [batch.state for batch in live]
-    together = DecoderState.went_on_together(states) or DecoderState.rows_together(states)
+    layout = type(states[0])  # DecoderState, or InPlaceState (caches written in place)
+    together = layout.went_on_together(states) or layout.rows_together(states)
     top_k = max(batch._top_k() for batch in live)
     want_attention = any(batch._wants_alignment() for batch in live)
     feed = np.concatenate([batch.feed for batch in live])

@@ -132,6 +132,7 @@ class ModelRegistry:
                 intra_op_threads=settings.engine_threads,
                 spinning=settings.thread_spinning,
                 shortlist=shortlist,
+                in_place=settings.cache_in_place,
             ),
         )
         if settings.warmup:

@@ -41,6 +41,12 @@ class Settings(BaseSettings):
         description="ONNX Runtime threads spin between decoder steps (faster steps; off leaves "
         "CPU to the HTTP side under load)",
     )
+    cache_in_place: bool = Field(
+        True,
+        description="decoder steps write the self-attention caches in place (bundles exported "
+        "with a decoder_in_place graph): no copy of the cache a step and no padding for "
+        "sentences that join a running batch; false: the concatenating step, for comparisons",
+    )
     warmup: bool = Field(True, description="translate a few sentences per model before ready")
 
     # HTTP
