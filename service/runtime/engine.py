@@ -822,20 +822,12 @@ class Engine:
             self.past_names, self.present_names, state.past, strict=True
         ):
             inputs[past] = outputs[present] = buffer[:rows]  # contiguous: a leading part
+        # The quickest ways through ONNX Runtime's Python API (about 1 and 4 µs a name, where
+        # binding an address takes 9): a numpy input is read where it is, an OrtValue made
+        # over a numpy array is written where it is. Both keep a reference to the array.
         for name, array in inputs.items():
-            # (kept in io: the binding holds only the address)
-            io[name] = array = np.ascontiguousarray(array)
-            _bind_input(binding, name, array)
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
         for name, array in outputs.items():
-            _bind_output(binding, name, array)
+            assert array.flags.c_contiguous  # (else ONNX Runtime would write into a copy)
+            binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
         return binding, io
-
-
-def _bind_input(binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
-    binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
-
-
-def _bind_output(binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
-    """Bind an output to an array of ours (C-contiguous, of the output's shape): ONNX Runtime
-    writes into it."""
-    binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
