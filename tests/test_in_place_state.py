@@ -154,3 +154,27 @@ def test_a_step_together_goes_on_from_the_last_until_someone_leaves() -> None:
     greedy.reserve(rows=4, length=greedy.capacity)
     assert not np.shares_memory(greedy.past[0], last.past[0])
     assert_caches_equal(real_caches(greedy), greedy_alone)
+
+
+def test_sources_join_in_place_once_a_join_made_room_and_restack_when_wider() -> None:
+    decoder = state(lengths=[2, 1], source_lengths=[4, 2], capacity=8)
+    decoder.extend(state(lengths=[0], source_lengths=[3], capacity=0))  # stacked, with room
+    first = [layer.copy() for layer in decoder.cross]
+    arrays = [*decoder.cross, decoder.source_mask]
+    joining = state(lengths=[0, 0], source_lengths=[1, 4], capacity=0)
+    decoder.extend(joining)  # fits the width (4): written after the others, in place
+    for old, new in zip(arrays, [*decoder.cross, decoder.source_mask], strict=True):
+        assert new.base is old.base  # the same arrays, one source longer
+    assert decoder.source_mask.sum(axis=1).tolist() == [4, 2, 3, 1, 4]
+    for layer, before, added in zip(decoder.cross, first, joining.cross, strict=True):
+        np.testing.assert_array_equal(layer[:3], before)
+        np.testing.assert_array_equal(layer[3:5], added)  # (its padding too: the mask hides it)
+    wider = state(lengths=[0], source_lengths=[6], capacity=0)
+    decoder.extend(wider)  # wider than the arrays: all stacked again
+    assert decoder.source_mask.shape == (6, 6)
+    assert decoder.source_mask.sum(axis=1).tolist() == [4, 2, 3, 1, 4, 6]
+    for layer, before in zip(decoder.cross, first, strict=True):
+        np.testing.assert_array_equal(layer[:3, :, :4], before)
+    decoder.select_sources(np.array([5, 1]))  # the others left; 5 moves into place 0
+    decoder.extend(state(lengths=[0], source_lengths=[2], capacity=0))
+    assert decoder.source_mask.sum(axis=1).tolist() == [6, 2, 2]

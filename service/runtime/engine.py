@@ -275,6 +275,9 @@ class InPlaceState(DecoderState):
     """
 
     # (past_mask is None: no padding)
+    # The arrays of our own that cross and source_mask are the leading parts of, with room
+    # for sources to join in place (extend); None until a join made them.
+    rooms: list[np.ndarray] | None = None
     # The IO binding of the last step, the arrays bound besides the caches, and what it was
     # made for (Engine._run_in_place); bound is None when its arrays changed.
     binding: object | None = None
@@ -350,16 +353,21 @@ class InPlaceState(DecoderState):
 
     def extend(self, *joining: DecoderState) -> None:
         """Append other states' sources and rows after ours (see DecoderState.extend). The
-        sources are stacked as there; the new rows take the next free slots, where an empty
-        cache needs no copy (a state that has stepped brings its real positions)."""
+        new sources are written after ours, into the arrays ours are the leading part of when
+        those have room (slots, and a width the new ones fit in), else all are stacked into
+        new arrays with room for as many sources again. The new rows take the next free
+        slots, where an empty cache needs no copy (a state that has stepped brings its real
+        positions)."""
         states = [self, *joining]
-        width = max(int(state.source_mask.sum(axis=1).max(initial=0)) for state in states)
-        copies = [1] * len(states)
-        self.cross = [
-            _stacked(list(layer), axis=2, size=width, copies=copies)
-            for layer in zip(*(state.cross for state in states), strict=True)
-        ]
-        self.source_mask = _stacked([s.source_mask for s in states], 1, width, copies=copies)
+        if not self._sources_written_in_place(joining):
+            width = max(int(state.source_mask.sum(axis=1).max(initial=0)) for state in states)
+            slots = 2 * sum(state.sources for state in states)
+            self.cross = [
+                _stacked(list(layer), axis=2, size=width, slots=slots)
+                for layer in zip(*(state.cross for state in states), strict=True)
+            ]
+            self.source_mask = _stacked([s.source_mask for s in states], 1, width, slots=slots)
+            self.rooms = [array.base for array in (*self.cross, self.source_mask)]
         start, total = self.rows, sum(state.rows for state in states)
         longest = max(int(state.positions.max(initial=0)) for state in states)
         self.reserve(total, max(longest, self.capacity))
@@ -375,6 +383,33 @@ class InPlaceState(DecoderState):
         self.prefix = np.zeros((self.rows, 0), dtype=np.int64)
         self.together = None
         self._buffers_changed()
+
+    def _sources_written_in_place(self, joining: tuple[DecoderState, ...]) -> bool:
+        """Write the joining states' sources after ours, in place, if the arrays ours lead
+        have the room (see extend); False if they have not (nothing written)."""
+        if self.rooms is None:
+            return False
+        arrays = (*self.cross, self.source_mask)
+        rooms = [_room(a, room) for a, room in zip(arrays, self.rooms, strict=True)]
+        width = self.source_mask.shape[1]
+        count = sum(state.sources for state in joining)
+        fits = all(int(state.source_mask.sum(axis=1).max(initial=0)) <= width for state in joining)
+        if not fits or any(room is None or len(room) < self.sources + count for room in rooms):
+            return False
+        start = self.sources
+        for state in joining:
+            stop = start + state.sources
+            for room, theirs in zip(rooms, (*state.cross, state.source_mask), strict=True):
+                own = min(theirs.shape[-1 if theirs.ndim == 2 else 2], width)
+                room[start:stop] = 0  # padding: zeros, False in the mask
+                if theirs.ndim == 2:  # the mask [sources, S]
+                    room[start:stop, :own] = theirs[:, :own]
+                else:  # keys or values [sources, H, S, Dh]
+                    room[start:stop, :, :own] = theirs[:, :, :own]
+            start = stop
+        *cross, mask = [room[:start] for room in rooms]
+        self.cross, self.source_mask = cross, mask
+        return True
 
     @staticmethod
     def rows_together(states: list[DecoderState]) -> DecoderState:
@@ -442,6 +477,19 @@ def _last_together(states: list[DecoderState]) -> DecoderState | None:
                 return None
         start += state.rows
     return previous if start == previous.rows else None
+
+
+def _room(array: np.ndarray, room: np.ndarray | None) -> np.ndarray | None:
+    """`room` if `array` is still its leading part along axis 0 (the same entries' shape,
+    starting where it starts), else None (the array was replaced since)."""
+    if (
+        room is not None
+        and array.base is room
+        and room.shape[1:] == array.shape[1:]
+        and _address(room) == _address(array)
+    ):
+        return room
+    return None
 
 
 def _empty_buffer(like: np.ndarray, rows: int) -> np.ndarray:
@@ -512,17 +560,23 @@ def _stacked(
     size: int,
     left: bool = False,
     copies: list[int] | None = None,
+    slots: int = 0,
 ) -> np.ndarray:
     """The parts one after the other along axis 0, each zero-padded (False for masks) along
     `axis` to `size`, at its end or its start (left): one new array, each part copied once,
     or, with `copies`, each of a part's entries copies[i] times in a row (np.repeat, written
     straight into its place). A part wider than `size` keeps only its first `size` (left:
-    last) entries along `axis`: the caller knows the rest are padding."""
+    last) entries along `axis`: the caller knows the rest are padding. `slots`: made with
+    room for that many entries, and the leading part returned (InPlaceState's sources)."""
     copies = copies or [1] * len(parts)
     shape = list(parts[0].shape)
     shape[0] = sum(len(part) * count for part, count in zip(parts, copies, strict=True))
     shape[axis] = size
-    out = np.zeros(shape, dtype=parts[0].dtype)
+    if slots > shape[0]:
+        room = np.zeros([slots, *shape[1:]], dtype=parts[0].dtype)
+        out = room[: shape[0]]
+    else:
+        out = np.zeros(shape, dtype=parts[0].dtype)
     start = 0
     for part, count in zip(parts, copies, strict=True):
         # Its place, seen as [entries, copies, ...]: the part broadcasts over the copies.
