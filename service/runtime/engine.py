@@ -131,6 +131,10 @@ class DecoderState:
     def sources(self) -> int:
         return len(self.source_mask)
 
+    def reserve(self, rows: int, length: int) -> None:
+        """Room for caches of `length` positions: only caches written in place need it
+        (InPlaceState); here each step makes a new cache one position longer."""
+
     def select_rows(self, rows: np.ndarray) -> None:
         """Keep (and reorder) rows of the self-attention cache: rows[i] is the row that new
         row i continues (beam search reorders by beam origin; finished rows are left out).

@@ -39,6 +39,10 @@ from nmt_contract import Hypothesis, length_limit
 from service.runtime.engine import DecoderState, Engine, StepResult
 
 PADDING = -1  # in `sequences`, before the first token of a row that joined later
+# Cache positions reserved for a batch when sentences join (its longest length limit, up to
+# this many; beyond it the buffers double when they are full): 64 positions of this model's
+# 3 layers are 384 KiB a row (fp32 keys and values), 48 MiB for 32 sentences with beam 4.
+RESERVED_POSITIONS = 64
 
 
 @dataclass(frozen=True)
@@ -257,6 +261,10 @@ class RunningBatch(ABC):
         self.per_sentence.append(self.engine, sentences)
         if self.history is not None or any(s.options.alignment for s in sentences):
             self._grow_history(new_rows)
+        # Room for the caches to reach the longest length limit (within RESERVED_POSITIONS):
+        # with caches written in place, a batch's buffers then need not grow midway.
+        longest = int(self.per_sentence.limit.max())
+        self.state.reserve(self.rows, min(longest, RESERVED_POSITIONS))
         self._joined(len(sentences))
 
     def _grow_history(self, new_rows: int) -> None:
