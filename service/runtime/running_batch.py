@@ -245,15 +245,24 @@ class RunningBatch(ABC):
         if sum(part.sources for part in parts) != len(sentences):
             raise ValueError(f"encoded sources do not match the {len(sentences)} sentences")
         new_rows = len(sentences) * self.beams
+        # Room for the caches to reach the longest length limit (within RESERVED_POSITIONS),
+        # made before the join copies anything: with caches written in place, the buffers
+        # are then grown at most once here, and seldom midway.
+        positions = self.engine.max_positions
+        limits = [length_limit(len(s.source), s.options.max_length, positions) for s in sentences]
+        longest = max(int(self.per_sentence.limit.max(initial=0)), *limits)
+        room = min(longest, RESERVED_POSITIONS)
         if self.state is None or not self.sentences:
             self.state = parts[0]
+            self.state.reserve(new_rows, room)
             if len(parts) > 1:
                 self.state.extend(*parts[1:])
             self.sequences = np.zeros((new_rows, 0), dtype=np.int64)
             self.feed = np.zeros(0, dtype=np.int64)
             self.history = None
         else:
-            self.state.extend(*parts)  # every cache copied once, the batch's and the new ones
+            self.state.reserve(self.rows + new_rows, room)
+            self.state.extend(*parts)  # (concatenating: every cache copied once)
             padding = np.full((new_rows, self.sequences.shape[1]), PADDING, dtype=np.int64)
             self.sequences = np.concatenate([self.sequences, padding])
         self.feed = np.concatenate([self.feed, np.full(new_rows, self.engine.start_id)])
@@ -261,10 +270,6 @@ class RunningBatch(ABC):
         self.per_sentence.append(self.engine, sentences)
         if self.history is not None or any(s.options.alignment for s in sentences):
             self._grow_history(new_rows)
-        # Room for the caches to reach the longest length limit (within RESERVED_POSITIONS):
-        # with caches written in place, a batch's buffers then need not grow midway.
-        longest = int(self.per_sentence.limit.max())
-        self.state.reserve(self.rows, min(longest, RESERVED_POSITIONS))
         self._joined(len(sentences))
 
     def _grow_history(self, new_rows: int) -> None:
