@@ -10,12 +10,14 @@ from pathlib import Path
 from nmt_contract import BUNDLE_FORMAT, SHORTLIST_FILE, Shortlist, length_limit, sha256_of
 
 MAX_LENGTH = 256  # the engine's default cap on output tokens
+EXPORT = Path(__file__).resolve().parents[2] / "export"
+EXPORTERS = ("onnx_export.py", "fused_step.py", "marian.py", "shortlist.py")
 
 
 def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
     """Bundle, Marian directory and CTranslate2 model of one checkpoint (kept while it does
-    not change: a stamp records the checksum of the weights they came from and the bundle
-    format; delete the work directory to rebuild them after other changes to the exporters)."""
+    not change: a stamp records the checksums of the weights they came from and of the
+    exporters' code, and the bundle format)."""
     from export.marian import export_marian
     from export.onnx_export import export_bundle
     from export.shortlist import write_ctranslate2_vmap
@@ -30,6 +32,9 @@ def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
         "shortlist": sha256_of(shortlist) if shortlist.is_file() else None,
         "bundle_format": BUNDLE_FORMAT,
         "decoder": "fused",
+        # What the exporters write can change within a format (a new optional graph): their
+        # code is part of what the bundle came from.
+        "exporters": {name: sha256_of(EXPORT / name) for name in EXPORTERS},
     }
     fresh = stamp.is_file() and json.loads(stamp.read_text()) == weights
     if fresh and all(p.exists() for p in paths.values()):

@@ -60,6 +60,14 @@ class OursRunner:
             in_place=spec.get("in_place", True),
         )
         self.translator = Translator(load_bundle(job["paths"]["bundle"]), options)
+        # The engine falls back to the concatenating step for a bundle without the in-place
+        # one (an older export): a benchmark must run the step it names.
+        wants_in_place = options.in_place and options.use_cache and not options.shortlist
+        if self.translator.engine.in_place != wants_in_place:
+            raise SystemExit(
+                f"{job['paths']['bundle']} has no in-place decoder step: delete its folder "
+                "to have `nmt bench` export it again"
+            )
 
     def translate(self, sources: list[list[int]], beam: int, limit: int) -> list[list[int]]:
         from service.runtime.search import SearchOptions
