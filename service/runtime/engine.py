@@ -680,6 +680,12 @@ class Engine:
         )
         if self.in_place:
             role = IN_PLACE_DECODER
+        elif self.options.in_place and role == "decoder":
+            log.info(
+                "%s has no in-place decoder step (exported before it existed): its steps "
+                "copy the cache; re-export it with `nmt export` for the faster step",
+                bundle.path,
+            )
         self.decoder = _session(bundle.graph(role, self.options.int8), self.options)
         if self.options.use_cache:
             self._check_decoder_names(bundle)
