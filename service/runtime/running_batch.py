@@ -5,9 +5,11 @@ sentences at once, and lets the caller change who is in it between two steps:
 
 * `join(sentences)` encodes new sentences (one encoder call for all of them) and merges them
   in: their cross-attention keys/values are appended after the others' (source padding masked
-  out), and their rows get an empty self-attention cache, left-padded to the batch's current
-  cache length and masked out by `past_mask`. Each row keeps its own position, so a sentence
-  decodes exactly as it would alone, whatever step the others are at.
+  out), and their rows get an empty self-attention cache: with caches written in place
+  (InPlaceState, the default) a free slot whose cache is just shorter; with the
+  concatenating step (DecoderState) one left-padded to the batch's current cache length and
+  masked out by `past_mask`. Each row keeps its own position, so a sentence decodes exactly
+  as it would alone, whatever step the others are at.
 * `step()` runs one decoder step for every row, chooses each row's next token, and returns the
   sentences that ended: they leave the batch (and its caches) at once.
 * `drop(condition)` takes sentences out that nobody waits for any more.
