@@ -184,21 +184,27 @@ class DecoderState:
     def per_source(self) -> list[DecoderState]:
         """One state per source (views, no copy), for sources encoded together that may join
         at different times. Only for a state that has not stepped yet."""
-        if self.past_mask.shape[1]:
+        if self.positions.any():
             raise ValueError("only a state that has not stepped yet can be split")
         rows = self.rows // self.sources
         return [
-            DecoderState(
+            type(self)(
                 cross=[layer[k : k + 1] for layer in self.cross],
                 source_mask=self.source_mask[k : k + 1],
-                past=[cache[k * rows : (k + 1) * rows] for cache in self.past],
-                past_mask=self.past_mask[k * rows : (k + 1) * rows],
+                past=self._empty_caches(k * rows, (k + 1) * rows),
+                past_mask=None
+                if self.past_mask is None
+                else self.past_mask[k * rows : (k + 1) * rows],
                 positions=self.positions[k * rows : (k + 1) * rows],
                 prefix=self.prefix[k * rows : (k + 1) * rows],
                 vocabulary=self.vocabulary,  # the candidates of all: a superset is harmless
             )
             for k in range(self.sources)
         ]
+
+    def _empty_caches(self, start: int, stop: int) -> list[np.ndarray]:
+        """The (empty) caches of rows start..stop, for per_source: views of ours."""
+        return [cache[start:stop] for cache in self.past]
 
     def extend(self, *joining: DecoderState) -> None:
         """Append other states' sources and rows (sentences joining a running batch) after
@@ -335,25 +341,10 @@ class InPlaceState(DecoderState):
         self.positions = positions
         self.prefix = np.take(self.prefix, rows, axis=0)
 
-    def per_source(self) -> list[DecoderState]:
-        """One state per source, for sources encoded together that may join at different
-        times. Only for a state that has not stepped yet: their caches are empty, and each
-        gets buffers of its own when it first needs room."""
-        if self.positions.any():
-            raise ValueError("only a state that has not stepped yet can be split")
-        rows = self.rows // self.sources
-        return [
-            InPlaceState(
-                cross=[layer[k : k + 1] for layer in self.cross],
-                source_mask=self.source_mask[k : k + 1],
-                past=[_empty_buffer(cache, rows) for cache in self.past],
-                past_mask=None,
-                positions=self.positions[k * rows : (k + 1) * rows],
-                prefix=self.prefix[k * rows : (k + 1) * rows],
-                vocabulary=self.vocabulary,
-            )
-            for k in range(self.sources)
-        ]
+    def _empty_caches(self, start: int, stop: int) -> list[np.ndarray]:
+        """Buffers of their own for rows start..stop, for per_source (no positions yet: each
+        state grows them when it first needs room)."""
+        return [_empty_buffer(buffer, stop - start) for buffer in self.past]
 
     def extend(self, *joining: DecoderState) -> None:
         """Append other states' sources and rows after ours (see DecoderState.extend). The
@@ -375,12 +366,7 @@ class InPlaceState(DecoderState):
         start, total = self.rows, sum(state.rows for state in states)
         longest = max(int(state.positions.max(initial=0)) for state in states)
         self.reserve(total, max(longest, self.capacity))
-        for state in joining:
-            length = int(state.positions.max(initial=0))
-            if length:
-                for mine, theirs in zip(self.past, state.past, strict=True):
-                    mine[start : start + state.rows, :, :length] = theirs[: state.rows, :, :length]
-            start += state.rows
+        _copy_caches(joining, into=self.past, start=start)
         self.positions = np.concatenate([state.positions for state in states])
         if any(state.prefix.shape[1] for state in states):
             raise ValueError("the no-cache decoder (benchmarks only) cannot join rows midway")
@@ -427,12 +413,7 @@ class InPlaceState(DecoderState):
         template = states[0].past[0]
         shape = (total, template.shape[1], capacity, template.shape[3])
         past = [np.empty(shape, dtype=template.dtype) for _ in states[0].past]
-        start = 0
-        for state in states:
-            length = int(state.positions.max(initial=0))
-            for mine, theirs in zip(past, state.past, strict=True):
-                mine[start : start + state.rows, :, :length] = theirs[: state.rows, :, :length]
-            start += state.rows
+        _copy_caches(states, into=past, start=0)
         return InPlaceState(
             cross=[
                 _stacked(list(layer), axis=2, size=width, copies=copies)
@@ -462,6 +443,17 @@ class InPlaceState(DecoderState):
             return None
         previous.positions = np.concatenate([state.positions for state in states])
         return previous
+
+
+def _copy_caches(states, into: list[np.ndarray], start: int) -> None:
+    """Each state's rows, one state after the other from row `start` of the buffers `into`:
+    their real positions only (what follows them is never read)."""
+    for state in states:
+        length = int(state.positions.max(initial=0))
+        if length:
+            for mine, theirs in zip(into, state.past, strict=True):
+                mine[start : start + state.rows, :, :length] = theirs[: state.rows, :, :length]
+        start += state.rows
 
 
 def _last_together(states: list[DecoderState]) -> DecoderState | None:
@@ -790,6 +782,8 @@ class Engine:
     def _run(
         self, state: DecoderState, tokens: np.ndarray, top_k: int, alignment: bool, attention: bool
     ) -> StepResult:
+        if self.in_place:  # (its inputs stay bound: no feeds to build)
+            return self._run_in_place(state, tokens, top_k, alignment, attention)
         if self.shortlist is not None:  # k of the C candidates at most
             top_k = min(top_k, len(state.vocabulary))
         feeds = {
@@ -805,8 +799,6 @@ class Engine:
             state.prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)
             feeds["target_ids"] = state.prefix
             return StepResult(*self.decoder.run(outputs, feeds))
-        if self.in_place:
-            return self._run_in_place(state, tokens, top_k, alignment, attention)
         feeds["target_ids"] = tokens[:, None]
         if self.shortlist is not None:
             if state.projection is None:  # once per vocabulary, not per step
