@@ -506,18 +506,36 @@ def p99_ratio_interval(
     empty server and ends when its last answer is in, so chunks are the independent units,
     and a resample keeps a chunk's latencies on both servers together. None with fewer than
     10 chunks."""
-    pairs = list(zip(request.parts, continuous.parts, strict=True))
+
+    def p99(latencies: list[float]) -> float:
+        return percentile(latencies, 0.99)
+
+    return paired_ratio_interval(continuous.parts, request.parts, p99, resamples, seed)
+
+
+def paired_ratio_interval(
+    a_parts: list[list[float]],
+    b_parts: list[list[float]],
+    statistic: Callable[[list[float]], float],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """A 95% bootstrap interval of statistic(A's latencies) / statistic(B's), resampling the
+    chunks that both played (see p99_ratio_interval). None with fewer than 10 chunks."""
+    pairs = list(zip(a_parts, b_parts, strict=True))
     if len(pairs) < 10:
         return None
     rng = random.Random(seed)
 
-    def p99(parts: list[list[float]]) -> float:
-        return percentile([latency for part in parts for latency in part], 0.99)
+    def pooled(parts: list[list[float]]) -> list[float]:
+        return [latency for part in parts for latency in part]
 
     ratios = []
     for _ in range(resamples):
         drawn = [rng.choice(pairs) for _ in pairs]
-        ratios.append(p99([c for _, c in drawn]) / p99([r for r, _ in drawn]))
+        ratios.append(
+            statistic(pooled([a for a, _ in drawn])) / statistic(pooled([b for _, b in drawn]))
+        )
     ratios.sort()
     return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
 

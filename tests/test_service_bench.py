@@ -3,6 +3,8 @@ real run takes minutes and asserts nothing)."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from bench.service_bench import (
@@ -10,6 +12,7 @@ from bench.service_bench import (
     REQUEST,
     Run,
     p99_ratio_interval,
+    paired_ratio_interval,
     paired_rounds,
     rounds,
     steady_window,
@@ -91,3 +94,15 @@ def test_the_p99_interval_is_wide_when_one_chunk_decides_the_tail() -> None:
 def test_no_p99_interval_from_fewer_than_ten_chunks() -> None:
     parts = [[0.1, 0.2]] * 9
     assert p99_ratio_interval(_open_loop(REQUEST, parts), _open_loop(CONTINUOUS, parts)) is None
+
+
+def test_the_mean_interval_pairs_chunks_as_the_p99_interval_does() -> None:
+    # Chunks differ a lot from each other (a chunk's arrivals decide its latencies), but A is
+    # 0.8 of B within every chunk: kept together, every resample gives 0.8.
+    b_parts = [[0.05 * (chunk + 1)] * 10 for chunk in range(20)]
+    a_parts = [[0.8 * x for x in part] for part in b_parts]
+    low, high = paired_ratio_interval(a_parts, b_parts, statistics.mean)
+    assert low == pytest.approx(0.8) and high == pytest.approx(0.8)
+    # Pairs torn apart (A's chunks against B's in reverse), the interval widens around 0.8.
+    low, high = paired_ratio_interval(a_parts, b_parts[::-1], statistics.mean)
+    assert low < 0.75 and high > 0.85
