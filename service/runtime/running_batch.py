@@ -575,18 +575,24 @@ class BeamBatch(RunningBatch):
 
         # The K best of the others stay open (fewer only when the sentence is done anyway).
         open_ = valid & ~ends
-        pick = np.argsort(~open_, axis=1, kind="stable")[:, :width]  # open first, by rank
-        picked = open_[line, pick]  # [live, K]
-        next_scores = np.where(picked, top_scores[line, pick], -np.inf)
-        next_rows = np.where(picked, top_row[line, pick], first_row)
-        next_tokens = np.where(picked, top_token[line, pick], self.engine.pad_id)
-
-        complete = np.isfinite(self.kth_best)
-        cannot_improve = next_scores.max(axis=1) / length**penalty <= self.kth_best
-        done = at_limit | (complete & cannot_improve) | ~picked.any(axis=1)
+        if open_[:, :width].all():  # most steps: the K best are all open, in rank order
+            next_scores, next_rows = top_scores[:, :width], top_row[:, :width]
+            next_tokens = top_token[:, :width]
+            done = at_limit.copy()
+        else:
+            pick = np.argsort(~open_, axis=1, kind="stable")[:, :width]  # open first, by rank
+            picked = open_[line, pick]  # [live, K]
+            next_scores = np.where(picked, top_scores[line, pick], -np.inf)
+            next_rows = np.where(picked, top_row[line, pick], first_row)
+            next_tokens = np.where(picked, top_token[line, pick], self.engine.pad_id)
+            done = at_limit | ~picked.any(axis=1)
+        complete = np.isfinite(self.kth_best)  # K hypotheses finished
+        if complete.any():  # done, too, if no open beam can beat the K-th best any more
+            done |= complete & (next_scores.max(axis=1) / length**penalty <= self.kth_best)
+        ended = np.flatnonzero(done)
         # Done with nothing finished: every way on would have repeated an n-gram once too
         # often. Its best beam, as it stands, is its translation.
-        for j in np.flatnonzero(done):
+        for j in ended:
             if self.finished[j]:
                 continue
             beam = int(np.argmax(self.scores[j]))
@@ -598,15 +604,15 @@ class BeamBatch(RunningBatch):
             hypothesis = Hypothesis(own.tolist(), normalized, score, **alignment)
             self.finished[j].append(hypothesis)
 
-        leaving = [
-            Finished(self.sentences[j], self._n_best(j), int(length[j]))
-            for j in np.flatnonzero(done)
-        ]
+        leaving = [Finished(self.sentences[j], self._n_best(j), int(length[j])) for j in ended]
         # Reorder everything that belongs to a beam by the beam it came from; drop the done.
-        kept = np.flatnonzero(~done)
-        rows = next_rows[kept].reshape(-1)
-        tokens = next_tokens[kept].reshape(-1)
-        self.scores = next_scores
+        if len(ended):
+            kept = np.flatnonzero(~done)
+            rows, tokens = next_rows[kept].reshape(-1), next_tokens[kept].reshape(-1)
+        else:  # nobody left: all stay in place (the feed gets an array of its own)
+            kept = np.arange(live)
+            rows, tokens = next_rows.reshape(-1), next_tokens.reshape(-1).copy()
+        self.scores = np.ascontiguousarray(next_scores)
         self._keep(kept, rows, tokens)
         if self.sentences:  # feed: the tokens, in the rows' new order
             self.sequences = np.concatenate([self.sequences, self.feed[:, None]], axis=1)
