@@ -33,6 +33,7 @@ from pathlib import Path
 from bench.service_bench import (
     MULTI30K_TEST,
     Run,
+    Served,
     chunks,
     closed_loop,
     ensure_bundles,
@@ -106,7 +107,9 @@ def main() -> None:
     sys.stdout.flush()
 
 
-def open_loop_ab(served: dict, sentences: list[str], rng: random.Random, args) -> None:
+def open_loop_ab(
+    served: dict[str, Served], sentences: list[str], rng: random.Random, args: argparse.Namespace
+) -> None:
     """The same Poisson arrivals to both servers, chunk by chunk in mirrored order."""
     work, arrivals = open_loop_work(rng, sentences, args.open_rate, args.open_seconds)
     runs = {"A": Run("A", "open loop"), "B": Run("B", "open loop")}
