@@ -34,15 +34,14 @@ from bench.service_bench import (
     MULTI30K_TEST,
     Run,
     Served,
-    chunks,
     closed_loop,
     ensure_bundles,
     load_sentences,
     measure,
-    open_loop,
     open_loop_work,
     paired_ratio_interval,
     percentile,
+    play_in_chunks,
     server,
     settings,
 )
@@ -113,11 +112,7 @@ def open_loop_ab(
     """The same Poisson arrivals to both servers, chunk by chunk in mirrored order."""
     work, arrivals = open_loop_work(rng, sentences, args.open_rate, args.open_seconds)
     runs = {"A": Run("A", "open loop"), "B": Run("B", "open loop")}
-    for number, (chunk_work, chunk_arrivals) in enumerate(chunks(work, arrivals, CHUNK_SECONDS)):
-        for name in ("A", "B") if number % 2 == 0 else ("B", "A"):
-            measure(
-                runs[name], served[name], open_loop(served[name].url, chunk_work, chunk_arrivals)
-            )
+    play_in_chunks(served, runs, work, arrivals, CHUNK_SECONDS)
     print(
         f"open loop: {len(work)} requests at {args.open_rate:g}/s, {CHUNK_SECONDS:g}-second "
         "chunks, half greedy and half beam 4"

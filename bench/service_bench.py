@@ -363,6 +363,24 @@ def chunks(
         yield [work[i] for i in chunk[number]], [arrivals[i] - start for i in chunk[number]]
 
 
+def play_in_chunks(
+    served: dict[str, Served],
+    runs: dict[str, Run],
+    work: list[tuple[str, int]],
+    arrivals: list[float],
+    seconds: float,
+    first: int = 0,
+) -> None:
+    """Play an open loop's chunks (`seconds` long) on every server of `runs`, each chunk from
+    an empty server to its last answer, in mirrored order: A B, B A, ... (B A first when
+    `first` is odd), so that a drift of the machine falls on all of them alike."""
+    names = tuple(runs)
+    for chunk, (chunk_work, chunk_arrivals) in enumerate(chunks(work, arrivals, seconds)):
+        for name in names if (chunk + first) % 2 == 0 else names[::-1]:
+            load = open_loop(served[name].url, chunk_work, chunk_arrivals)
+            measure(runs[name], served[name], load)
+
+
 def measure(run: Run, served: Served, load: Coroutine) -> None:
     """Add one load (a coroutine, not started yet, giving latencies, errors, and the seconds
     and answers of its measured window) to `run`."""
@@ -778,13 +796,7 @@ def main() -> None:
             rate = share * min(capacity.values())
             work, arrivals = open_loop_work(rng, sentences, rate, args.open_seconds)
             level = {name: Run(name, f"{share:.0%} load") for name in SERVERS}
-            for chunk, (chunk_work, chunk_arrivals) in enumerate(
-                chunks(work, arrivals, args.chunk_seconds)
-            ):
-                names = SERVERS if (chunk + index) % 2 == 0 else tuple(reversed(SERVERS))
-                for name in names:
-                    load = open_loop(served[name].url, chunk_work, chunk_arrivals)
-                    measure(level[name], served[name], load)
+            play_in_chunks(served, level, work, arrivals, args.chunk_seconds, first=index)
             for run in level.values():
                 opened.append(run)
                 print(

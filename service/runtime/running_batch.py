@@ -66,6 +66,11 @@ class SearchOptions:
 MAX_REPEAT_NGRAM = 4
 
 
+def sentence_limit(sentence: Sentence, engine: Engine) -> int:
+    """The most tokens `sentence` may produce, </s> included (length_limit)."""
+    return length_limit(len(sentence.source), sentence.options.max_length, engine.max_positions)
+
+
 def repeat_closers(sequences: np.ndarray, max_repeats: int) -> np.ndarray:
     """sequences [rows, L] (tokens so far) -> [rows, MAX_REPEAT_NGRAM] token ids, -1 for none:
     for each n, the token that would make the row end in max_repeats + 1 copies of one n-gram.
@@ -149,11 +154,7 @@ class _PerSentence:
             return np.concatenate([old, np.array(new, dtype=old.dtype)])
 
         lengths = [len(s.source) for s in sentences]
-        limits = [
-            length_limit(n, s.options.max_length, engine.max_positions)
-            for n, s in zip(lengths, sentences, strict=True)
-        ]
-        self.limit = grow(self.limit, limits)
+        self.limit = grow(self.limit, [sentence_limit(s, engine) for s in sentences])
         self.steps = grow(self.steps, [0] * len(sentences))
         self.penalty = grow(self.penalty, [s.options.length_penalty for s in sentences])
         self.repeats = grow(self.repeats, [s.options.max_repeats for s in sentences])
@@ -201,9 +202,7 @@ class RunningBatch(ABC):
 
     def cost_of(self, sentence: Sentence) -> int:
         """What joining `sentence` adds to reserved_tokens()."""
-        options, engine = sentence.options, self.engine
-        limit = length_limit(len(sentence.source), options.max_length, engine.max_positions)
-        return len(sentence.source) + self.beams * limit
+        return len(sentence.source) + self.beams * sentence_limit(sentence, self.engine)
 
     # Joining.
 
@@ -250,8 +249,7 @@ class RunningBatch(ABC):
         # Room for the caches to reach the longest length limit (within RESERVED_POSITIONS),
         # made before the join copies anything: with caches written in place, the buffers
         # are then grown at most once here, and seldom midway.
-        positions = self.engine.max_positions
-        limits = [length_limit(len(s.source), s.options.max_length, positions) for s in sentences]
+        limits = [sentence_limit(s, self.engine) for s in sentences]
         longest = max(int(self.per_sentence.limit.max(initial=0)), *limits)
         room = min(longest, RESERVED_POSITIONS)
         if self.state is None or not self.sentences:
@@ -609,10 +607,10 @@ class BeamBatch(RunningBatch):
         if len(ended):
             kept = np.flatnonzero(~done)
             rows, tokens = next_rows[kept].reshape(-1), next_tokens[kept].reshape(-1)
-        else:  # nobody left: all stay in place (the feed gets an array of its own)
+        else:  # nobody left: all stay in place
             kept = np.arange(live)
-            rows, tokens = next_rows.reshape(-1), next_tokens.reshape(-1).copy()
-        self.scores = np.ascontiguousarray(next_scores)
+            rows, tokens = next_rows.reshape(-1), next_tokens.reshape(-1)
+        self.scores = next_scores
         self._keep(kept, rows, tokens)
         if self.sentences:  # feed: the tokens, in the rows' new order
             self.sequences = np.concatenate([self.sequences, self.feed[:, None]], axis=1)
