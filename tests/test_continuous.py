@@ -496,6 +496,29 @@ def test_a_sentence_whose_deadline_passes_leaves_the_batch_and_its_request_gets_
     run(test)
 
 
+def test_a_sentence_that_joins_later_with_an_earlier_deadline_leaves_when_it_passes():
+    """The loop looks for abandoned rows only once a job was closed early or the earliest
+    running deadline passed: a later join with a shorter deadline moves that earliest one."""
+
+    async def test():
+        h = Harness()
+        patient = h.submit("patient", [sentence(1, steps=9)], timeout=100.0)
+        await h.turns(2)
+        hasty = h.submit("hasty", [sentence(2, steps=9)], timeout=5.0)
+        await h.turns(1)  # hasty joins
+        assert h.steps[-1] == (1, ["patient/0", "hasty/0"])
+        h.clock.now += 5.0
+        await h.turns(1)
+        assert isinstance(hasty.future.exception(), DeadlineExceeded)
+        assert h.steps[-1] == (1, ["patient/0"])
+        h.clock.now += 95.0
+        await h.turns(1)
+        assert isinstance(patient.future.exception(), DeadlineExceeded)
+        assert h.scheduler.running == 0
+
+    run(test)
+
+
 def test_a_cancelled_request_leaves_the_running_batch_and_the_queue():
     async def test():
         h = Harness(max_sentences=1)

@@ -141,13 +141,16 @@ class _PerSentence:
     heads: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def __post_init__(self) -> None:
-        self._settings_changed()
+        self._sentences_changed()
 
-    def _settings_changed(self) -> None:
-        """Whether any sentence wants its alignment or the repetition guard: asked several
-        times a step, while the arrays change only when sentences join or leave."""
+    def _sentences_changed(self) -> None:
+        """What is asked at every step but changes only when sentences join or leave:
+        whether any sentence wants its alignment or the repetition guard, and the tokens the
+        sentences reserve (sources, and length limits: RunningBatch.reserved_tokens)."""
         self.any_alignment = bool(self.alignment.any())
         self.any_repeats = bool(self.repeats.any())
+        self.source_tokens = int(self.source_length.sum())
+        self.limit_tokens = int(self.limit.sum())
 
     def append(self, engine: Engine, sentences: list[Sentence]) -> None:
         def grow(old: np.ndarray, new: list) -> np.ndarray:
@@ -163,12 +166,12 @@ class _PerSentence:
         layers = engine.layers
         self.layer = grow(self.layer, [s.options.alignment_layer % layers for s in sentences])
         self.heads = grow(self.heads, [s.options.alignment_heads for s in sentences])
-        self._settings_changed()
+        self._sentences_changed()
 
     def keep(self, kept: np.ndarray) -> None:
         for name in self.__dataclass_fields__:
             setattr(self, name, getattr(self, name)[kept])
-        self._settings_changed()
+        self._sentences_changed()
 
 
 class RunningBatch(ABC):
@@ -198,7 +201,7 @@ class RunningBatch(ABC):
     def reserved_tokens(self) -> int:
         """What the batch may grow to hold: each sentence's source keys/values plus its rows'
         self-attention caches at their length limit (TGI's max-batch-total-tokens idea)."""
-        return int(sum(self.per_sentence.source_length) + self.beams * sum(self.per_sentence.limit))
+        return self.per_sentence.source_tokens + self.beams * self.per_sentence.limit_tokens
 
     def cost_of(self, sentence: Sentence) -> int:
         """What joining `sentence` adds to reserved_tokens()."""

@@ -317,8 +317,14 @@ class Scheduler:
         self.clock = clock
         self._observer = observer
         self._queue = BatchQueue(model, limits)
-        self._lock = threading.Condition()
+        # The worker waits on `_lock`; a subclass may make other conditions on `_mutex`, so
+        # that a submit wakes only the threads it gives work to.
+        self._mutex = threading.Lock()
+        self._lock = threading.Condition(self._mutex)
         self._closing = False
+        # Jobs closed before their end (cancelled, failed, expired): a worker that read the
+        # count without the lock looks for their sentences when it changes.
+        self._jobs_closed = 0
         self._thread = threading.Thread(target=self._work, name=f"nmt-batch-{model}", daemon=True)
 
     # Event-loop side: quick, never waits for the model.
@@ -343,7 +349,8 @@ class Scheduler:
                 raise ShuttingDown("the server is shutting down: no new work is accepted")
             self._queue.add(job, now)
             self._report_depth()
-            self._lock.notify_all()  # the worker, and an encoder thread if any
+            self._lock.notify_all()  # the worker
+            self._queued()
         return job
 
     def cancel(self, job: Job, reason: str) -> None:
@@ -358,11 +365,16 @@ class Scheduler:
         with self._lock:
             self._closing = True
             self._lock.notify_all()
+            self._queued()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
     def _work(self) -> None:
         raise NotImplementedError
+
+    def _queued(self) -> None:
+        """Under the lock, after work was queued (or closing began): wake whoever else but
+        the worker it concerns."""
 
     def _fail(self, item: QueuedSentence, error: Exception) -> None:
         log.warning("engine failed on one sentence (%d tokens): %s", item.tokens, error)
@@ -402,6 +414,7 @@ class Scheduler:
     def _close_job(self, job: Job) -> int:
         """Mark a job closed and drop its queued sentences; returns how many were dropped."""
         job.closed = True
+        self._jobs_closed += 1  # after `closed`: a worker that sees the count sees the flag
         dropped = self._queue.remove(job)
         self._report_depth()
         return dropped
