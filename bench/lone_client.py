@@ -23,7 +23,6 @@ import asyncio
 import os
 import platform
 import random
-import shlex
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.report import replace_section
+from bench.report import replace_section, reproduce
 from bench.service_bench import (
     CONTINUOUS,
     MULTI30K_TEST,
@@ -81,10 +80,20 @@ def median_interval(ratios: list[float], rng: np.random.Generator) -> tuple[floa
     return float(low), float(high)
 
 
+def paired_summary(
+    measured: list[tuple[float, float]], rng: np.random.Generator
+) -> tuple[float, float, float, float, float]:
+    """(request-level, continuous) seconds per pair -> each one's median in ms, the median
+    of the ratios continuous / request-level, and that median's 95% interval."""
+    ratios = [c / r for r, c in measured]
+    low, high = median_interval(ratios, rng)
+    request = statistics.median(r for r, _ in measured) * 1e3
+    continuous = statistics.median(c for _, c in measured) * 1e3
+    return request, continuous, statistics.median(ratios), low, high
+
+
 def report(found: dict[str, list[tuple[float, float]]], setup: dict[str, str]) -> str:
-    command = ".venv/bin/python -m bench.lone_client"
-    if sys.argv[1:]:
-        command += " " + shlex.join(sys.argv[1:])
+    command = reproduce("bench.lone_client")
     rng = np.random.default_rng(0)
     lines = [
         "## Lone client: continuous vs request-level batching, request by request",
@@ -105,13 +114,10 @@ def report(found: dict[str, list[tuple[float, float]]], setup: dict[str, str]) -
     for name, measured in found.items():
         if not measured:
             continue
-        ratios = [c / r for r, c in measured]
-        low, high = median_interval(ratios, rng)
-        request = statistics.median(r for r, _ in measured) * 1e3
-        continuous = statistics.median(c for _, c in measured) * 1e3
+        request, continuous, ratio, low, high = paired_summary(measured, rng)
         lines.append(
             f"| {name} | {len(measured)} | {request:.1f} | {continuous:.1f} "
-            f"| {statistics.median(ratios):.3f}x | {low:.3f}x - {high:.3f}x |"
+            f"| {ratio:.3f}x | {low:.3f}x - {high:.3f}x |"
         )
     lines += ["", "What the numbers say: [service.md, Performance](service.md#performance)."]
     return "\n".join(lines) + "\n"

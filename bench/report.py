@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 
 BENCHMARKS = Path("docs/benchmarks.md")
@@ -24,3 +26,11 @@ def replace_section(key: str, markdown: str, path: Path = BENCHMARKS) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def reproduce(module: str) -> str:
+    """The command that ran this benchmark, with its arguments, for a report's "Reproduce"."""
+    command = f".venv/bin/python -m {module}"
+    if sys.argv[1:]:
+        command += " " + shlex.join(sys.argv[1:])
+    return command

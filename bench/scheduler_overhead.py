@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import platform
-import shlex
 import statistics
 import sys
 import time
@@ -36,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.lone_client import median_interval
-from bench.report import replace_section
+from bench.lone_client import paired_summary
+from bench.report import replace_section, reproduce
 from bench.service_bench import MULTI30K_TEST, ensure_bundles, load_sentences
 from service.runtime.running_batch import RunningBatch, SearchOptions, running_batch
 from service.serving.continuous import ContinuousScheduler
@@ -126,9 +125,7 @@ def summary(overheads: list[float]) -> tuple[float, float]:
 
 
 def report(turns: dict, pairs: dict, setup: dict[str, str]) -> str:
-    command = ".venv/bin/python -m bench.scheduler_overhead"
-    if sys.argv[1:]:
-        command += " " + shlex.join(sys.argv[1:])
+    command = reproduce("bench.scheduler_overhead")
     rng = np.random.default_rng(0)
     lines = [
         "## The continuous scheduler's own work, and a lone sentence in process",
@@ -149,15 +146,11 @@ def report(turns: dict, pairs: dict, setup: dict[str, str]) -> str:
     ]
     for name in SEARCHES:
         with_metrics, without = turns[name]
-        measured = pairs[name]
-        ratios = [c / r for r, c in measured]
-        low, high = median_interval(ratios, rng)
-        request = statistics.median(r for r, _ in measured) * 1e3
-        continuous = statistics.median(c for _, c in measured) * 1e3
+        request, continuous, ratio, low, high = paired_summary(pairs[name], rng)
         lines.append(
             f"| {name} | {with_metrics[0]:.1f} / {with_metrics[1]:.1f} "
             f"| {without[0]:.1f} / {without[1]:.1f} | {request:.2f} | {continuous:.2f} "
-            f"| {statistics.median(ratios):.3f}x | {low:.3f}x - {high:.3f}x |"
+            f"| {ratio:.3f}x | {low:.3f}x - {high:.3f}x |"
         )
     lines += [
         "",

@@ -46,7 +46,6 @@ import os
 import platform
 import random
 import resource
-import shlex
 import signal
 import socket
 import statistics
@@ -64,7 +63,7 @@ import aiohttp
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.report import replace_section
+from bench.report import replace_section, reproduce
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "docs" / "benchmarks.md"
@@ -594,9 +593,7 @@ def report(
     capacity: dict[str, float],
     setup: dict[str, str],
 ) -> str:
-    command = ".venv/bin/python -m bench.service_bench"
-    if sys.argv[1:]:
-        command += " " + shlex.join(sys.argv[1:])
+    command = reproduce("bench.service_bench")
     head = (
         "| load | batching | requests | req/s | p50 ms | p95 ms | p99 ms | mean occupancy "
         "| CPU ms/request: engine / server / client |"
