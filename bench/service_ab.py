@@ -3,7 +3,10 @@
     .venv/bin/python -m bench.service_ab --a NMT_ENCODE_AHEAD=true --b NMT_ENCODE_AHEAD=false
 
 Starts two `nmt serve` processes on the same bundle that differ only in the given settings
-(both continuous batching and one engine thread unless told otherwise), then sends the same
+(both continuous batching and one engine thread unless told otherwise), or in the code they
+run (`--a-tree`: server A runs from another checkout, e.g. `git worktree add /tmp/before
+HEAD~1`; its `python -m nmt_cli` imports that tree's packages, the same virtual environment's
+dependencies), then sends the same
 closed-loop greedy load to each in turn (A, B, B, A, ...: a machine that drifts hits both
 alike). Prints, per server: requests/s, p50, mean occupancy, and CPU per request of each part
 (the engine threads, the event loop, the load generator), with the medians over the rounds.
@@ -32,6 +35,7 @@ from pathlib import Path
 
 from bench.service_bench import (
     MULTI30K_TEST,
+    ROOT,
     Run,
     Served,
     closed_loop,
@@ -53,6 +57,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--a", nargs="*", default=[], help="NAME=VALUE settings of server A")
     parser.add_argument("--b", nargs="*", default=[], help="NAME=VALUE settings of server B")
+    parser.add_argument("--a-tree", type=Path, help="checkout server A runs from (default: this)")
+    parser.add_argument("--b-tree", type=Path, help="checkout server B runs from (default: this)")
     parser.add_argument("--model-dir", type=Path, help="bundles folder (default: export one)")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--requests", type=int, default=1000, help="per server and round")
@@ -69,8 +75,10 @@ def main() -> None:
     with ExitStack() as stack:
         model_dir = ensure_bundles(args.model_dir, stack)
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmt-ab-")))
+        trees = {"A": args.a_tree or ROOT, "B": args.b_tree or ROOT}
         served = {
-            name: stack.enter_context(server(model_dir, logs, c)) for name, c in configs.items()
+            name: stack.enter_context(server(model_dir.resolve(), logs, c, tree=trees[name]))
+            for name, c in configs.items()
         }
         os.nice(args.client_niceness)
         warm = [(rng.choice(sentences), 1) for _ in range(2 * args.clients)]
@@ -92,7 +100,7 @@ def main() -> None:
     )
     print("|---|---|---|---:|---:|---:|---:|")
     for name, rounds in runs.items():
-        told = " ".join(args.a if name == "A" else args.b) or "defaults"
+        told = described(args, name)
         cpu = " / ".join(
             f"{statistics.median(r.cpu_ms_per_request(part) for r in rounds):.2f}"
             for part in ("engine", "server", "client")
@@ -104,6 +112,13 @@ def main() -> None:
             f"{statistics.median(r.occupancy for r in rounds):.1f} | {cpu} |"
         )
     sys.stdout.flush()
+
+
+def described(args: argparse.Namespace, name: str) -> str:
+    """Server `name`'s settings as told, and the checkout it ran from if not this one."""
+    told = " ".join(args.a if name == "A" else args.b) or "defaults"
+    tree = args.a_tree if name == "A" else args.b_tree
+    return f"{told} (from {tree})" if tree else told
 
 
 def open_loop_ab(
@@ -120,7 +135,7 @@ def open_loop_ab(
     print("| server | settings | answered | errors | mean ms | p50 | p95 | p99 | occupancy |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, run in runs.items():
-        told = " ".join(args.a if name == "A" else args.b) or "defaults"
+        told = described(args, name)
         latencies = [1000 * latency for latency in run.latencies]
         print(
             f"| {name} | {told} | {run.requests} | {run.errors} | {statistics.mean(latencies):.1f} "

@@ -158,8 +158,14 @@ def settings(pairs: list[str]) -> dict[str, str]:
 
 @contextmanager
 def server(
-    model_dir: Path, log_dir: Path, settings: dict[str, object], command: list[str] = SERVE
+    model_dir: Path,
+    log_dir: Path,
+    settings: dict[str, object],
+    command: list[str] = SERVE,
+    tree: Path = ROOT,
 ) -> Iterator[Served]:
+    """`nmt serve` on `model_dir` with NMT_ settings, run from the checkout `tree` (another
+    commit's, to compare code; it must have been installed the same way), until closed."""
     port = free_port()
     env = {
         **os.environ,
@@ -173,7 +179,7 @@ def server(
     }
     log_path = log_dir / f"server-{port}.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
