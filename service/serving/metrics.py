@@ -13,9 +13,9 @@ Continuous batching reports every decoder step, so `observe_step` only appends t
 and the buffered steps go into their metrics when the registry is collected (a scrape of
 /metrics) or every STEP_BUFFER steps. Why: the worker thread runs that Python right after an
 ONNX Runtime call, with the interpreter's code and data out of the CPU's caches, and the six
-Prometheus calls of a step took about 25 µs there, against under 10 in a loop (`python -m
-bench.step_overhead`; docs/service.md, "The scheduler's own work a step"): 2-3% of a lone
-greedy request. Appending to a deque takes about a microsecond.
+Prometheus calls of a step took about 25 µs there, against 7.5 in a loop (`python -m
+bench.scheduler_overhead`; docs/service.md, "The scheduler's own work a step"): about 1.5%
+of a lone greedy request. Appending to a deque takes about a microsecond.
 """
 
 from __future__ import annotations
