@@ -21,19 +21,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import random
 import statistics
 import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
-from bench.report import replace_section, reproduce
+from bench.report import opening, replace_section
 from bench.service_bench import (
     CONTINUOUS,
     MULTI30K_TEST,
@@ -93,16 +91,16 @@ def paired_summary(
 
 
 def report(found: dict[str, list[tuple[float, float]]], setup: dict[str, str]) -> str:
-    command = reproduce("bench.lone_client")
     rng = np.random.default_rng(0)
-    lines = [
-        "## Lone client: continuous vs request-level batching, request by request",
-        "",
-        f"Reproduce: `{command}`",
-        "",
-        f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores; engine threads: {setup['threads']}; translation "
-        "cache off, other settings at their defaults",
+    lines = opening(
+        "Lone client: continuous vs request-level batching, request by request",
+        "bench.lone_client",
+    )
+    lines[-1] += (
+        f"; engine threads: {setup['threads']}; translation cache off, other settings at "
+        "their defaults"
+    )
+    lines += [
         f"- one client; every request (one sentence, {setup['sentences']}) sent to both "
         "servers one after the other, which goes first alternating; latency measured by the "
         "client; the ratio is continuous over request-level within each pair",

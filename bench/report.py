@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import shlex
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 BENCHMARKS = Path("docs/benchmarks.md")
@@ -34,3 +37,16 @@ def reproduce(module: str) -> str:
     if sys.argv[1:]:
         command += " " + shlex.join(sys.argv[1:])
     return command
+
+
+def opening(title: str, module: str) -> list[str]:
+    """A report's first lines: its title, the command that reproduces it, and the start of
+    its first bullet (when, and on what machine); the caller ends that bullet."""
+    return [
+        f"## {title}",
+        "",
+        f"Reproduce: `{reproduce(module)}`",
+        "",
+        f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
+        f"{os.cpu_count()} CPU cores",
+    ]

@@ -24,19 +24,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import statistics
 import sys
 import time
 from contextlib import ExitStack
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
 from bench.lone_client import paired_summary
-from bench.report import replace_section, reproduce
+from bench.report import opening, replace_section
 from bench.service_bench import MULTI30K_TEST, ensure_bundles, load_sentences
 from service.runtime.running_batch import RunningBatch, SearchOptions, running_batch
 from service.serving.continuous import ContinuousScheduler
@@ -125,16 +122,16 @@ def summary(overheads: list[float]) -> tuple[float, float]:
 
 
 def report(turns: dict, pairs: dict, setup: dict[str, str]) -> str:
-    command = reproduce("bench.scheduler_overhead")
     rng = np.random.default_rng(0)
-    lines = [
-        "## The continuous scheduler's own work, and a lone sentence in process",
-        "",
-        f"Reproduce: `{command}`",
-        "",
-        f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores; engine threads: {setup['threads']}; "
-        f"{setup['sentences']} sentences {setup['source']}, one at a time",
+    lines = opening(
+        "The continuous scheduler's own work, and a lone sentence in process",
+        "bench.scheduler_overhead",
+    )
+    lines[-1] += (
+        f"; engine threads: {setup['threads']}; {setup['sentences']} sentences "
+        f"{setup['source']}, one at a time"
+    )
+    lines += [
         "- turn: one turn of the continuous loop (`work_once`) that steps, less the engine "
         "step; µs, median and mean (below the 99th percentile)",
         "- lone sentence: submitted to one scheduler and awaited, then to the other (first "

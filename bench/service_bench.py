@@ -43,7 +43,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import resource
 import signal
@@ -56,14 +55,13 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.report import replace_section, reproduce
+from bench.report import opening, replace_section
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "docs" / "benchmarks.md"
@@ -599,19 +597,14 @@ def report(
     capacity: dict[str, float],
     setup: dict[str, str],
 ) -> str:
-    command = reproduce("bench.service_bench")
     head = (
         "| load | batching | requests | req/s | p50 ms | p95 ms | p99 ms | mean occupancy "
         "| CPU ms/request: engine / server / client |"
     )
     rule = "|---|---|---:|---:|---:|---:|---:|---:|---:|"
-    lines = [
-        "## Service: continuous vs request-level batching",
-        "",
-        f"Reproduce: `{command}`",
-        "",
-        f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores, load average before the run {setup['load']}",
+    lines = opening("Service: continuous vs request-level batching", "bench.service_bench")
+    lines[-1] += f", load average before the run {setup['load']}"
+    lines += [
         f"- model: {setup['model']}; engine threads: {setup['threads']} in both servers and "
         f"in the engine alone; NMT_MAX_BATCH_SIZE={_default('max_batch_size')}, other "
         "settings at their defaults, translation cache off"
