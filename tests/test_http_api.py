@@ -234,6 +234,12 @@ def test_web_page_docs_and_openapi(client: TestClient):
     assert {"/v1/translate", "/v1/models", "/translate", "/healthz"} <= set(schema["paths"])
     request_schema = schema["components"]["schemas"]["TranslateRequest"]["properties"]
     assert request_schema["beam_size"]["maximum"] == 4  # the configured limit is documented
+    # Every operation has an operationId of its own (client generators reject duplicates),
+    # the DeepL routes that answer both GET and POST included.
+    operations = [op for path in schema["paths"].values() for op in path.values()]
+    ids = [op["operationId"] for op in operations]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    assert {"get", "post"} <= set(schema["paths"]["/v2/languages"])
 
 
 # Request ids and logs

@@ -80,22 +80,27 @@ def build_router(settings: Settings) -> APIRouter:
     async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
         return await _answer(request, keys, lambda fields: _translate(service, request, fields))
 
-    router.add_api_route(
-        "/v2/languages",
-        _languages_route(),
-        methods=["GET", "POST"],
-        summary="DeepL-compatible list of languages (type=source|target)",
-        response_model=None,
-        responses={403: _error_doc(DEEPL_ERRORS[403])},
-    )
-    router.add_api_route(
-        "/v2/usage",
-        _usage_route(settings),
-        methods=["GET", "POST"],
-        summary="DeepL-compatible usage: characters translated and the limit",
-        response_model=None,
-        responses={403: _error_doc(DEEPL_ERRORS[403])},
-    )
+    # DeepL answers both GET and POST here. One route per method, so that each has an
+    # operationId of its own in /openapi.json (client generators reject duplicates).
+    for method in ("GET", "POST"):
+        router.add_api_route(
+            "/v2/languages",
+            _languages_route(),
+            methods=[method],
+            operation_id=f"deepl_languages_{method.lower()}",
+            summary="DeepL-compatible list of languages (type=source|target)",
+            response_model=None,
+            responses={403: _error_doc(DEEPL_ERRORS[403])},
+        )
+        router.add_api_route(
+            "/v2/usage",
+            _usage_route(settings),
+            methods=[method],
+            operation_id=f"deepl_usage_{method.lower()}",
+            summary="DeepL-compatible usage: characters translated and the limit",
+            response_model=None,
+            responses={403: _error_doc(DEEPL_ERRORS[403])},
+        )
     return router
 
 
