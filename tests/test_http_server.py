@@ -264,9 +264,12 @@ def test_connections_past_nmt_max_connections_get_503_and_the_next_ones_are_serv
         host, port = server.url.removeprefix("http://").split(":")
         held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(3)]
         try:
-            time.sleep(0.5)  # the server has accepted them
-            refused = httpx.get(f"{server.url}/healthz", timeout=10)
-            assert refused.status_code == 503
+            # Once the server has accepted the three (a busy machine may take a moment), the
+            # fourth is refused; without the limit this stays 200 and the deadline fails it.
+            deadline = time.monotonic() + 10
+            while (status := httpx.get(f"{server.url}/healthz", timeout=10).status_code) != 503:
+                assert time.monotonic() < deadline, f"still {status} with 3 connections held"
+                time.sleep(0.1)
         finally:
             for connection in held:
                 connection.close()
