@@ -95,10 +95,8 @@ def report(found: dict[str, list[tuple[float, float]]], setup: dict[str, str]) -
     lines = opening(
         "Lone client: continuous vs request-level batching, request by request",
         "bench.lone_client",
-    )
-    lines[-1] += (
         f"; engine threads: {setup['threads']}; translation cache off, other settings at "
-        "their defaults"
+        "their defaults",
     )
     lines += [
         f"- one client; every request (one sentence, {setup['sentences']}) sent to both "

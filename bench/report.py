@@ -39,14 +39,14 @@ def reproduce(module: str) -> str:
     return command
 
 
-def opening(title: str, module: str) -> list[str]:
-    """A report's first lines: its title, the command that reproduces it, and the start of
-    its first bullet (when, and on what machine); the caller ends that bullet."""
+def opening(title: str, module: str, setup: str = "") -> list[str]:
+    """A report's first lines: its title, the command that reproduces it, and a first bullet
+    (when, and on what machine) that ends with `setup`."""
     return [
         f"## {title}",
         "",
         f"Reproduce: `{reproduce(module)}`",
         "",
         f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores",
+        f"{os.cpu_count()} CPU cores{setup}",
     ]

@@ -126,10 +126,8 @@ def report(turns: dict, pairs: dict, setup: dict[str, str]) -> str:
     lines = opening(
         "The continuous scheduler's own work, and a lone sentence in process",
         "bench.scheduler_overhead",
-    )
-    lines[-1] += (
         f"; engine threads: {setup['threads']}; {setup['sentences']} sentences "
-        f"{setup['source']}, one at a time"
+        f"{setup['source']}, one at a time",
     )
     lines += [
         "- turn: one turn of the continuous loop (`work_once`) that steps, less the engine "

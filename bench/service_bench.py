@@ -602,8 +602,11 @@ def report(
         "| CPU ms/request: engine / server / client |"
     )
     rule = "|---|---|---:|---:|---:|---:|---:|---:|---:|"
-    lines = opening("Service: continuous vs request-level batching", "bench.service_bench")
-    lines[-1] += f", load average before the run {setup['load']}"
+    lines = opening(
+        "Service: continuous vs request-level batching",
+        "bench.service_bench",
+        f", load average before the run {setup['load']}",
+    )
     lines += [
         f"- model: {setup['model']}; engine threads: {setup['threads']} in both servers and "
         f"in the engine alone; NMT_MAX_BATCH_SIZE={_default('max_batch_size')}, other "

@@ -82,10 +82,11 @@ def build_router(settings: Settings) -> APIRouter:
 
     # DeepL answers both GET and POST here. One route per method, so that each has an
     # operationId of its own in /openapi.json (client generators reject duplicates).
+    languages, usage = _languages_route(), _usage_route(settings)
     for method in ("GET", "POST"):
         router.add_api_route(
             "/v2/languages",
-            _languages_route(),
+            languages,
             methods=[method],
             operation_id=f"deepl_languages_{method.lower()}",
             summary="DeepL-compatible list of languages (type=source|target)",
@@ -94,7 +95,7 @@ def build_router(settings: Settings) -> APIRouter:
         )
         router.add_api_route(
             "/v2/usage",
-            _usage_route(settings),
+            usage,
             methods=[method],
             operation_id=f"deepl_usage_{method.lower()}",
             summary="DeepL-compatible usage: characters translated and the limit",
