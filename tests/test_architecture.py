@@ -17,6 +17,7 @@ from service.http.app import create_app
 from service.http.deepl import _as_deepl_error
 from service.http.libretranslate import _as_libre_error
 from service.serving import errors
+from service.serving.admission import Forecast
 from service.serving.settings import Settings
 from tests.conftest import ROOT
 
@@ -79,7 +80,9 @@ SAMPLES: dict[type, errors.ServiceError] = {
     errors.UnknownPair: errors.UnknownPair("fr", "xx", ["fr-en"]),
     errors.InvalidInput: errors.InvalidInput(("body", "text", 0), "too long", "too_long"),
     errors.QueueFull: errors.QueueFull("fr-en", 10, 10, 3),
+    errors.Backlogged: errors.Backlogged("fr-en", 90, Forecast(12.0, 1.5, 0.5, 60.0), 1.0, 2),
     errors.RequestTooLarge: errors.RequestTooLarge(900, 512),
+    errors.AlignmentTooLarge: errors.AlignmentTooLarge(16_617_600, 2_000_000),
     errors.MissingApiKey: errors.MissingApiKey(),
     errors.InvalidApiKey: errors.InvalidApiKey(),
     errors.Overloaded: errors.Overloaded(256, 1),

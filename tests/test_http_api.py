@@ -225,6 +225,17 @@ def test_models_health_and_readiness(client: TestClient):
     assert client.get("/readyz").json() == {"status": "ready", "models": ["fr-de", "fr-en"]}
 
 
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+def test_head_on_health_answers_what_get_answers_without_a_body(client: TestClient, path: str):
+    """Load balancers and uptime monitors probe with HEAD (it was 405). RFC 9110 9.3.2: the
+    same status and header fields as GET, and no content."""
+    get, head = client.get(path), client.head(path)
+    assert head.status_code == get.status_code == 200
+    assert head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert head.headers["content-length"] == get.headers["content-length"]
+
+
 def test_web_page_docs_and_openapi(client: TestClient):
     page = client.get("/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
@@ -240,6 +251,7 @@ def test_web_page_docs_and_openapi(client: TestClient):
     ids = [op["operationId"] for op in operations]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
     assert {"get", "post"} <= set(schema["paths"]["/v2/languages"])
+    assert {"get", "head"} <= set(schema["paths"]["/healthz"]) & set(schema["paths"]["/readyz"])
 
 
 # Request ids and logs
@@ -354,6 +366,31 @@ def test_malformed_bodies_never_cause_a_500(client: TestClient, body: bytes):
     assert 400 <= response.status_code < 500, response.text
 
 
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b'{"text": "Bonjour', "Unterminated string starting at: line 1 column 10 (char 9)"),
+        (b"{", "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        (b'{"text": "x",\n "source_lang": fr}', "Expecting value: line 2 column 17 (char 30)"),
+        (b'{"text": "\xff", "source_lang": "fr", "target_lang": "en"}', "it is not UTF-8"),
+        (b"[" * 3000, "nested deeper than the parser allows"),
+    ],
+)
+def test_a_body_that_is_not_json_is_a_400_naming_the_problem(
+    client: TestClient, body: bytes, problem: str
+):
+    """As the docs and the OpenAPI document say (it was 422 for broken JSON, and 400 "There was
+    an error parsing the body" for the rest); JSON that breaks the schema stays 422."""
+    response = client.post(
+        "/v1/translate", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("the body is not valid JSON: ") and problem in detail, detail
+    schema_error = client.post("/v1/translate", json={"text": "x", "beam_size": "many"})
+    assert schema_error.status_code == 422
+
+
 def test_odd_but_valid_text_translates(client: TestClient):
     answer = translate(client, ["\u0000 ☃ 😀", "<b>Bonjour</b> !!!", "." * 20, "\u200b"])
     assert len(answer["translations"]) == 4
@@ -427,6 +464,7 @@ def test_while_draining_new_translations_get_503_and_readyz_says_so(model_dir: P
         )
         assert response.status_code == 503 and "shutting down" in response.json()["detail"]
         assert client.get("/readyz").json()["status"] == "draining"
+        assert client.head("/readyz").status_code == 503  # HEAD says so too
         assert client.get("/healthz").status_code == 200  # still alive: finishing its work
     finally:
         client.__exit__(None, None, None)

@@ -137,3 +137,66 @@ def test_keys_are_checked_and_the_quota_ends_in_456(keyed: Server):
     with pytest.raises(deepl.QuotaExceededException):
         for _ in range(10):
             translator.translate_text("Un homme fait du vélo.", target_lang="EN-GB")
+
+
+@pytest.mark.parametrize("text", ["Un homme.", "Merci !"])
+def test_short_french_without_source_lang_is_read_as_the_only_source(server: Server, text: str):
+    """DeepL clients usually omit source_lang, and detection misreads short texts ("Un homme."
+    as Northern Sotho, "Merci !" as Czech, each below 10%). The only source language that
+    translates into English here is French: the answer is French's, and says so."""
+    result = client(server).translate_text(text, target_lang="EN-GB")
+    assert result.detected_source_lang == "FR"
+    assert result.text == native(server, [text])[0]
+
+
+def test_a_sure_detection_of_an_unserved_language_is_still_refused(server: Server):
+    german = "Ein Mann fährt mit dem Fahrrad durch die Stadt."  # 99.9% German: not a guess
+    with pytest.raises(deepl.DeepLException, match="'de'") as raised:
+        client(server).translate_text(german, target_lang="EN-GB")
+    assert raised.value.http_status_code == 400
+
+
+# Bodies a client can get wrong, each a 400 with DeepL's {"message"} (FastAPI's {"detail"}
+# answered the form ones before).
+UNREADABLE = [
+    ("multipart/form-data", b"--x\r\ntext=Bonjour\r\n--x--\r\n"),  # no boundary
+    (
+        "multipart/form-data; boundary=x",
+        b"--x\r\nContent-Disposition: form-data\r\n\r\nBonjour\r\n--x--\r\n",  # a part, no name
+    ),
+    ("application/json", b'{"text": ["Bonjour'),  # truncated
+    ("application/json", b'{"text": ["\xff"], "target_lang": "EN-GB"}'),  # not UTF-8
+    ("application/json", b'["Bonjour"]'),  # not an object
+]
+
+
+@pytest.mark.parametrize("path", ["/v2/translate", "/v2/languages", "/v2/usage"])
+@pytest.mark.parametrize(("content_type", "body"), UNREADABLE)
+def test_a_body_that_cannot_be_read_is_deepls_400(
+    server: Server, path: str, content_type: str, body: bytes
+):
+    headers = {"content-type": content_type, "authorization": "DeepL-Auth-Key any-key"}
+    answer = httpx.post(f"{server.url}{path}", content=body, headers=headers, timeout=60)
+    assert answer.status_code == 400, answer.text
+    assert list(answer.json()) == ["message"], answer.text
+
+
+def test_a_wrong_content_type_and_a_wrong_method_answer_in_deepls_body(server: Server):
+    form = b"text=Bonjour&target_lang=EN-GB"  # a form, sent as text
+    answer = httpx.post(
+        f"{server.url}/v2/translate", content=form, headers={"content-type": "text/plain"}
+    )
+    assert answer.status_code == 400
+    assert answer.json() == {"message": "Parameter 'text' not specified."}
+    answer = httpx.put(f"{server.url}/v2/translate", data={"text": "Bonjour"})
+    assert answer.status_code == 405 and answer.json() == {"message": "Method Not Allowed"}
+
+
+def test_with_a_key_configured_an_unreadable_body_without_one_is_403(keyed: Server):
+    """The key is answered before the body: DeepL's 403, whatever the body holds."""
+    for content_type, body in UNREADABLE:
+        answer = httpx.post(
+            f"{keyed.url}/v2/translate", content=body, headers={"content-type": content_type}
+        )
+        assert answer.status_code == 403, answer.text
+        assert answer.json() == {"message": "Authorization failure, check auth_key."}

@@ -1,5 +1,5 @@
-"""HTTP hardening (issue 9, defects 3, 4, 7 and 8): admission before the body is read, body
-timeouts, security headers, API keys in each dialect, a cap on sentences per request, and
+"""HTTP hardening (issue 9, defects 3, 4, 7 and 8; issue 31): admission once the body is read,
+body timeouts, security headers, API keys in each dialect, a cap on sentences per request, and
 OpenAPI pages that work offline."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.types import Receive, Scope, Send
 
+from service.http.app import create_app
 from service.http.middleware import RequestContextMiddleware
 from service.serving.metrics import Metrics
 from service.serving.settings import Settings
@@ -142,6 +143,109 @@ def test_libretranslate_takes_the_key_in_the_body_and_answers_in_its_own_format(
     assert wrong.status_code == 403 and wrong.json() == {"error": "Invalid API key"}
     assert client.post("/translate", json={**LIBRE, "api_key": "k-alpha"}).status_code == 200
     assert client.post("/translate", data={**LIBRE, "api_key": "k-beta"}).status_code == 200
+
+
+# Every keyed route, what it answers without a key and with a wrong one: (status, error field).
+KEYED_ROUTES = [
+    ("/v1/translate", (401, "detail"), (403, "detail")),
+    ("/translate", (400, "error"), (403, "error")),
+    ("/detect", (400, "error"), (403, "error")),
+    ("/v2/translate", (403, "message"), (403, "message")),
+    ("/v2/languages", (403, "message"), (403, "message")),
+    ("/v2/usage", (403, "message"), (403, "message")),
+]
+UNREADABLE = [
+    ("application/json", b"{"),
+    ("application/json", b'{"text": "Bonjour'),  # truncated
+    ("application/json", b'{"text": "\xff"}'),  # not UTF-8
+    ("application/json", b"[" * 3000),  # nested past the parser's stack
+    ("multipart/form-data", b"--x\r\ntext\r\n--x--\r\n"),  # no boundary
+    ("text/plain", b"hello"),
+]
+
+
+@pytest.mark.parametrize(("path", "missing", "wrong"), KEYED_ROUTES)
+def test_a_missing_or_wrong_key_is_answered_before_anything_about_the_body(
+    client: TestClient, path: str, missing: tuple[int, str], wrong: tuple[int, str]
+):
+    """FastAPI decodes /v1's JSON before the key dependency runs: `{` without a key got 422.
+    A body that cannot be read holds no key either, so every dialect answers the key first."""
+    for content_type, body in UNREADABLE:
+        for key, (status, field) in ((None, missing), ("k-gamma", wrong)):
+            headers = {"content-type": content_type} | ({"x-api-key": key} if key else {})
+            answer = client.post(path, content=body, headers=headers)
+            assert answer.status_code == status, (body, key, answer.text)
+            assert list(answer.json()) == [field] and "key" in answer.json()[field].lower()
+        headers = {"content-type": content_type, "x-api-key": "k-alpha"}
+        answer = client.post(path, content=body, headers=headers)  # now the body's answer
+        assert answer.status_code not in (401, 403) and answer.status_code < 500, answer.text
+
+
+ORIGIN = "https://app.example"
+
+
+def test_past_the_in_flight_limit_preflights_pass_and_refusals_carry_cors_headers():
+    """A browser's preflight costs nothing and reaches no route: never refused. The 429 the
+    middleware gives itself carries the CORS headers a browser needs to read it (Retry-After
+    included), as the answers from inside the CORS middleware do."""
+
+    async def scenario() -> None:
+        held = HeldApp()
+        app = wrapped(held, max_in_flight=1, retry_after=3, cors_origins=[ORIGIN])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            first = asyncio.ensure_future(client.post("/hold", content=b"x"))
+            await held.entered.wait()
+            preflight = {"origin": ORIGIN, "access-control-request-method": "POST"}
+            assert (await client.options("/v1/translate", headers=preflight)).status_code == 200
+            refused = await client.post("/v1/translate", content=b"{}", headers={"origin": ORIGIN})
+            assert refused.status_code == 429
+            assert refused.headers["access-control-allow-origin"] == ORIGIN
+            assert "retry-after" in refused.headers["access-control-expose-headers"].lower()
+            foreign = await client.post(
+                "/v1/translate", content=b"{}", headers={"origin": "http://evil"}
+            )
+            assert "access-control-allow-origin" not in foreign.headers
+            held.release.set()
+            await first
+
+    asyncio.run(scenario())
+
+
+def test_a_cors_preflight_for_the_documented_headers_passes_with_our_headers(fr_en_bundle: Path):
+    """A browser asks first before it sends X-API-Key or Authorization (not CORS-safelisted):
+    the Fetch standard wants a 2xx naming each header asked for in Access-Control-Allow-Headers.
+    The preflight carries the request id and security headers like any answer, needs no key,
+    and never reaches a route (so it is no translation request in the metrics)."""
+    settings = Settings(model_dir=fr_en_bundle, api_keys=KEYS, cors_origins=ORIGIN)
+    client = TestClient(create_app(settings))  # not started: a preflight needs no model
+    asked = [
+        ("/v1/translate", "POST", "content-type,x-api-key"),
+        ("/v1/translate", "POST", "authorization,content-type,x-request-id"),
+        ("/translate", "POST", "content-type"),
+        ("/v2/translate", "POST", "authorization,content-type"),
+        ("/healthz", "HEAD", "x-request-id"),
+    ]
+    for path, method, headers in asked:
+        request = {
+            "access-control-request-method": method,
+            "access-control-request-headers": headers,
+        }
+        answer = client.options(path, headers={"origin": ORIGIN, **request})
+        assert 200 <= answer.status_code < 300, (path, headers, answer.text)
+        assert answer.headers["access-control-allow-origin"] == ORIGIN
+        allowed = answer.headers["access-control-allow-headers"].lower().split(", ")
+        assert set(headers.split(",")) <= set(allowed), allowed
+        assert method in answer.headers["access-control-allow-methods"].split(", ")
+        assert re.fullmatch(r"[0-9a-f]{32}", answer.headers["x-request-id"])
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["x-frame-options"] == "DENY"
+    answer = client.get("/healthz", headers={"origin": ORIGIN, "x-request-id": "trace-1"})
+    assert answer.headers["access-control-allow-origin"] == ORIGIN
+    assert answer.headers["x-request-id"] == "trace-1"
+    assert "x-request-id" in answer.headers["access-control-expose-headers"].lower()
+    scraped = client.get("/metrics").text
+    assert 'route="/v1/translate"' not in scraped and 'route="unmatched"' in scraped
 
 
 def test_health_stays_open_and_metrics_can_be_protected(client: TestClient):

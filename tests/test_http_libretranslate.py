@@ -3,8 +3,10 @@ bodies and status codes, JSON and form bodies alike."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,6 +15,10 @@ from service.runtime.bundle import load_bundle
 from service.runtime.engine import EngineOptions
 from service.runtime.search import SearchOptions
 from service.runtime.translator import Translator
+from service.serving.errors import DetectedLanguageNotServed
+from service.serving.language_id import Detection
+from service.serving.lifecycle import Lifecycle
+from service.serving.pipeline import TranslationService
 from service.serving.settings import Settings
 from tests.test_http_api import pair_bundle, start
 
@@ -125,6 +131,39 @@ def test_a_detected_language_no_model_translates_is_a_400_naming_it(client: Test
     assert "'de'" in answer.json()["error"] and "fr" in answer.json()["error"]
 
 
+@pytest.mark.parametrize("text", ["Un homme.", "Merci !"])
+def test_auto_on_short_french_answers_from_the_only_source_with_its_confidence(
+    client: TestClient, text: str
+):
+    """Detection misreads short texts ("Un homme." looks like Northern Sotho, at 7%). French is
+    the only source into English here: it is used, and detectedLanguage says so, with the
+    detector's own (low) confidence in French rather than a made-up one."""
+    body = client.post("/translate", json={"q": text, "source": "auto", "target": "en"}).json()
+    assert body["detectedLanguage"]["language"] == "fr"
+    assert 0 <= body["detectedLanguage"]["confidence"] < 50
+    detected = client.post("/detect", json={"q": text}).json()
+    assert detected[0]["language"] != "fr"  # what detection alone says
+    given = client.post("/translate", json={"q": text, "source": "fr", "target": "en"}).json()
+    assert body["translatedText"] == given["translatedText"]
+
+
+def test_an_unsure_detection_is_refused_when_several_sources_could_be_meant():
+    """With two source languages into English, "Un homme." (Northern Sotho, at 7%) has no
+    honest answer: the 400 that names what was detected stays."""
+
+    def registry(*sources: str) -> SimpleNamespace:
+        bundles = [SimpleNamespace(source_lang=s, target_lang="en") for s in sources]
+        return SimpleNamespace(models=[SimpleNamespace(bundle=b) for b in bundles])
+
+    def detect(*sources: str) -> Detection:
+        service = TranslationService(Settings(), registry(*sources), Lifecycle())  # type: ignore[arg-type]
+        return asyncio.run(service.detect_source(["Un homme."], "en"))
+
+    with pytest.raises(DetectedLanguageNotServed, match=r"'nso'.*from: de, fr"):
+        detect("de", "fr")
+    assert detect("fr", "fr") == Detection("fr", 6.9)  # two versions of one source: one source
+
+
 @pytest.mark.parametrize(
     ("text", "language"),
     [
@@ -206,6 +245,40 @@ def test_a_json_body_that_is_not_an_object_is_invalid_json_format(client: TestCl
     response = client.post("/translate", content=raw, headers={"content-type": "application/json"})
     assert response.status_code == 400
     assert response.json() == {"error": "Invalid JSON format"}
+
+
+# Bodies a client can get wrong: each a 400 in LibreTranslate's {"error"} body (the form ones
+# were FastAPI's {"detail"} before).
+UNREADABLE = [
+    ("multipart/form-data", b"--x\r\nq=Bonjour\r\n--x--\r\n", "Missing boundary in multipart."),
+    (
+        "multipart/form-data; boundary=x",
+        b"--x\r\nContent-Disposition: form-data\r\n\r\nBonjour\r\n--x--\r\n",  # no name
+        '"name" must be provided',
+    ),
+    ("application/json", b'{"q": "Bonjour', "Invalid JSON format"),  # truncated
+    ("application/json", b'{"q": "\xff", "source": "fr", "target": "en"}', "Invalid JSON format"),
+]
+
+
+@pytest.mark.parametrize("path", ["/translate", "/detect"])
+@pytest.mark.parametrize(("content_type", "body", "error"), UNREADABLE)
+def test_a_body_that_cannot_be_read_is_a_libretranslate_400(
+    client: TestClient, path: str, content_type: str, body: bytes, error: str
+):
+    response = client.post(path, content=body, headers={"content-type": content_type})
+    assert response.status_code == 400, response.text
+    assert list(response.json()) == ["error"] and error in response.json()["error"]
+
+
+def test_a_wrong_content_type_or_method_answers_in_libretranslate_s_body(client: TestClient):
+    form = b"q=Bonjour&source=fr&target=en"  # a form, sent as text: its fields are not read
+    response = client.post("/translate", content=form, headers={"content-type": "text/plain"})
+    assert response.json() == {"error": "Invalid request: missing q parameter"}
+    response = client.get("/translate")
+    assert response.status_code == 405 and response.json() == {"error": "Method Not Allowed"}
+    response = client.post("/detect", data={"q": "x" * 4000})
+    assert response.status_code == 413 and "3000 bytes" in response.json()["error"]
 
 
 def test_too_many_tokens_in_a_sentence_is_a_400(client: TestClient):

@@ -258,8 +258,8 @@ def test_connections_past_nmt_max_connections_get_503_and_the_next_ones_are_serv
     model_dir: Path, logs: Path
 ):
     """NMT_MAX_CONNECTIONS bounds open connections (1,000 slow clients were once all held
-    open): with 3 idle connections held, a fourth client is answered 503 at once; once they
-    close, it is served."""
+    open): with 3 idle connections held, a fourth client is answered 503 at once, except on
+    health and metrics, which are answered whatever the count; once they close, it is served."""
     with running_server(model_dir, logs, max_connections=3) as server:
         host, port = server.url.removeprefix("http://").split(":")
         held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(3)]
@@ -267,14 +267,16 @@ def test_connections_past_nmt_max_connections_get_503_and_the_next_ones_are_serv
             # Once the server has accepted the three (a busy machine may take a moment), the
             # fourth is refused; without the limit this stays 200 and the deadline fails it.
             deadline = time.monotonic() + 10
-            while (status := httpx.get(f"{server.url}/healthz", timeout=10).status_code) != 503:
+            while (status := httpx.get(f"{server.url}/v1/models", timeout=10).status_code) != 503:
                 assert time.monotonic() < deadline, f"still {status} with 3 connections held"
                 time.sleep(0.1)
+            for path in ("/healthz", "/readyz", "/metrics"):
+                assert httpx.get(f"{server.url}{path}", timeout=10).status_code == 200, path
         finally:
             for connection in held:
                 connection.close()
         deadline = time.monotonic() + 10
-        while (status := httpx.get(f"{server.url}/healthz", timeout=10).status_code) != 200:
+        while (status := httpx.get(f"{server.url}/v1/models", timeout=10).status_code) != 200:
             assert time.monotonic() < deadline, f"still {status} after the connections closed"
             time.sleep(0.1)
 
@@ -291,7 +293,7 @@ def test_a_request_past_its_deadline_gets_504_and_its_work_is_dropped(model_dir:
         # either way never decoded to its end.
         dropped = sum(
             sample(samples, "nmt_dropped_sentences_total", model="fr-en", reason=reason)
-            for reason in ("deadline", "abandoned_in_batch")
+            for reason in ("deadline", "deadline_unreachable", "abandoned_in_batch")
         )
         assert dropped == 1
         finished = {"model": "fr-en", "reason": "finished"}

@@ -324,6 +324,23 @@ def test_markup_nested_too_deep_is_refused():
             markup.read([deep + "</b>" * (markup.MAX_DEPTH + 1)], options)
 
 
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("Bonjour <script>alert(1) le monde", "<script> at line 1, column 9"),
+        ("<p>Un chat</p>\n<p>Un <style>b { color: red } chien.</p>", "<style> at line 2, column 7"),
+    ],
+)
+def test_a_script_or_style_never_closed_is_refused_not_half_read(text: str, where: str):
+    """A browser reads everything after an unclosed <script> as script; html.parser drops it.
+    Either way no text after it would be translated: refused, naming the tag and its place."""
+    with pytest.raises(MarkupError, match="is never closed") as raised:
+        markup.read([text], HTML)
+    assert str(raised.value).startswith(where)
+    closed = text.replace("alert(1)", "alert(1)</script>").replace("} ", "}</style> ")
+    assert markup.verbatim(markup.parse(closed, "html")) == closed  # closed: read in full
+
+
 def test_xml_structure_ignore_and_splitting_tags():
     text = (
         "<doc><meta><title>Un titre</title></meta><body><par>Un chat. Un <x>chien</x>.</par>"
@@ -416,14 +433,19 @@ JUNK = [
 
 
 def test_junk_never_breaks_the_reader_nor_the_writer():
-    """Any text at all: HTML is read (as browsers would), XML read or refused; what is
-    written is well-formed and holds the start tags the reader found."""
+    """Any text at all: HTML is read (as browsers would, or refused only for a script left
+    open), XML read or refused; what is written is well-formed and holds the start tags the
+    reader found."""
     rng = random.Random(5)
     for _ in range(1000):
         text = "".join(rng.choice(JUNK) for _ in range(rng.randint(0, 25)))
         with contextlib.suppress(MarkupError):
             markup.read([text], XML)
-        documents = markup.read([text], HTML)
+        try:
+            documents = markup.read([text], HTML)
+        except MarkupError as error:
+            assert "<script> at line" in str(error) and "is never closed" in str(error)
+            continue
         translations = []
         for sentence in markup.model_sentences(documents)[0]:
             words = sentence.split()
@@ -543,6 +565,29 @@ def test_markup_nested_too_deep_is_a_400_in_each_dialect(client: TestClient):
     )
     assert answer.status_code == 400
     assert answer.json()["message"].startswith("Tag handling parsing failed")
+
+
+def test_an_unclosed_script_is_a_400_naming_it_in_each_dialect(client: TestClient):
+    """The text after `<script>` was silently dropped ("Bonjour <script>alert(1) le monde"
+    came back as "Hello <script></script>"): now each dialect says why it cannot translate."""
+    text = "Bonjour <script>alert(1) le monde"
+    answer = client.post(
+        "/translate", json={"q": text, "source": "fr", "target": "en", "format": "html"}
+    )
+    assert answer.status_code == 400
+    assert answer.json() == {
+        "error": "Invalid request: <script> at line 1, column 9 is never closed: everything "
+        "after it would be script content, not text; close it with </script>"
+    }
+    answer = client.post(
+        "/v2/translate", data={"text": text, "target_lang": "EN-GB", "tag_handling": "html"}
+    )
+    assert answer.status_code == 400
+    message = answer.json()["message"]
+    assert message.startswith("Tag handling parsing failed") and "<script>" in message
+    assert "never closed" in message
+    closed = libre(client, "Bonjour <script>alert(1)</script> le monde")["translatedText"]
+    assert closed.count("<script>alert(1)</script>") == 1 and not closed.endswith("</script>")
 
 
 # --- Request bodies as the connectors send them ---------------------------------------------

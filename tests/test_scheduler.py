@@ -190,7 +190,10 @@ def test_expired_jobs_are_found_and_removed_whole():
     late = queued_job(queue, [sentence(1), sentence(2)], now=0.0, deadline=5.0)
     on_time = queued_job(queue, [sentence(3)], now=0.0, deadline=50.0)
     assert queue.expired_jobs(now=4.9) == []
-    assert queue.expired_jobs(now=5.0) == [late]
+    assert queue.expired_jobs(now=5.0) == [(late, False)]
+    # A job that cannot finish in the time it has left is found before its deadline.
+    too_short = queue.expired_jobs(now=4.0, hopeless=lambda item: item.job.deadline - 4.0 < 2)
+    assert too_short == [(late, True)]
     assert queue.remove(late) == 2
     assert [item.job for item in queue.items] == [on_time]
 

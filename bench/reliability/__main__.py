@@ -7,6 +7,10 @@ JSON and write its section of docs/reliability.md.
     .venv/bin/python -m bench.reliability sigterm
     .venv/bin/python -m bench.reliability soak --minutes 10
     .venv/bin/python -m bench.reliability setups --seconds 25   # threads and spinning compared
+    .venv/bin/python -m bench.reliability markup-stall --before-tree /tmp/before  # /healthz
+    .venv/bin/python -m bench.reliability amplification --before-tree /tmp/before  # alignment
+    .venv/bin/python -m bench.reliability deadlines --before-tree /tmp/before  # goodput, 1 s/5 s
+    .venv/bin/python -m bench.reliability connections --before-tree /tmp/before  # idle, slow
     .venv/bin/python -m bench.reliability all --short   # the CI form, a few minutes
 """
 
@@ -20,7 +24,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.reliability import fuzz, hostile, overload, setups, sigterm, soak
+from bench.reliability import (
+    connection_attacks,
+    deadlines,
+    fuzz,
+    hostile,
+    loop_stall,
+    overload,
+    setups,
+    sigterm,
+    soak,
+)
 from bench.reliability.report import write_section
 from bench.reliability.server import BUNDLES, ROOT, ensure_bundle
 from bench.reliability.short import SHORT, markdown_short
@@ -34,6 +48,9 @@ MARKDOWN: dict[str, Callable[[dict[str, Any]], str]] = {
     "sigterm": sigterm.markdown,
     "soak": soak.markdown,
     "setups": setups.markdown,
+    **loop_stall.MARKDOWN,
+    "deadlines": deadlines.markdown,
+    "connections": connection_attacks.markdown,
 }
 
 
@@ -75,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     steady.add_argument("--window-seconds", type=float, default=60.0)
     compared = commands.add_parser("setups", help="overload against servers set up differently")
     compared.add_argument("--seconds", type=float, default=25.0)
+    loop_stall.add_commands(commands)
+    late = commands.add_parser("deadlines", help="goodput under 1 s and 5 s deadlines, compared")
+    late.add_argument("--before-tree", type=Path, required=True, help="checkout to compare with")
+    late.add_argument("--seconds", type=float, default=30.0)
+    attacks = commands.add_parser("connections", help="idle, slow-body, big-header attacks")
+    attacks.add_argument("--before-tree", type=Path, required=True, help="checkout to compare")
     everything = commands.add_parser("all", help="every measurement in turn")
     everything.add_argument("--short", action="store_true", help="the CI form (a few minutes)")
     return parser
@@ -91,6 +114,12 @@ RUNNERS: dict[str, Runner] = {
     "sigterm": lambda m, w, a: sigterm.run_sigterm(m, w),
     "soak": lambda m, w, a: soak.run_soak(m, w, a.minutes * 60, a.warmup_seconds, a.window_seconds),
     "setups": lambda m, w, a: setups.run_setups(m, w, a.seconds),
+    **loop_stall.RUNNERS,
+}
+# Measurements that compare this checkout with another: not part of `all`.
+COMPARED: dict[str, Runner] = {
+    "deadlines": lambda m, w, a: deadlines.run_deadlines(m, w, a.before_tree, a.seconds),
+    "connections": lambda m, w, a: connection_attacks.run_compared(m, w, a.before_tree),
 }
 
 
@@ -108,13 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = args.work_dir or ROOT / "build" / "reliability" / f"{args.command}-{stamp}"
     if args.command == "all":
         results = _all(model_dir, work_dir, args)
-        sections = {"short": markdown_short(results)} if args.short else {
-            name: MARKDOWN[name](result) for name, result in results.items()
-        }  # fmt: skip
     else:
-        results = RUNNERS[args.command](model_dir, work_dir, args)
+        results = (RUNNERS | COMPARED)[args.command](model_dir, work_dir, args)
+    # The measurement first, so that a report that fails to format loses no run.
+    print(json.dumps(results, indent=1, default=str), flush=True)
+    if args.command != "all":
         sections = {args.command: MARKDOWN[args.command](results)}
-    print(json.dumps(results, indent=1, default=str))
+    elif args.short:
+        sections = {"short": markdown_short(results)}
+    else:
+        sections = {name: MARKDOWN[name](result) for name, result in results.items()}
     if not args.no_docs:
         for key, markdown in sections.items():
             write_section(key, markdown)

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from bench.reliability.report import access_log_cell, inline, lat, lost_cell
-from bench.reliability.server import running_server
+from bench.reliability.server import ROOT, running_server
 from bench.reliability.traffic import (
     JSON,
     HealthProber,
@@ -148,6 +148,7 @@ def run_overload(
     max_in_flight: int = 1000,
     seed: int = 4,
     server_settings: dict[str, Any] | None = None,
+    tree: Path = ROOT,
 ) -> dict[str, Any]:
     settings = {
         "max_queue_sentences": queue_sentences,
@@ -158,7 +159,7 @@ def run_overload(
     sentences = sentences_per_request
     spawn = get_context("spawn")
     with (
-        running_server(model_dir, work_dir, **settings) as server,
+        running_server(model_dir, work_dir, tree=tree, **settings) as server,
         ProcessPoolExecutor(1, mp_context=spawn) as generator,
     ):
         idle = idle_healthz(server.url)

@@ -40,13 +40,24 @@ def provenance() -> str:
     commit = _git("rev-parse", "--short", "HEAD")
     dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "service") else ""
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    machine = (
+        f"{_cpu_model()} ({platform.machine()}), {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}"
+    )
     # Other work on the machine slows the server and the load generator alike: say how much.
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     return (
         f"_Measured {when} on {machine}, at commit {commit}{dirty}; load average at the end "
         f"{load} (1, 5, 15 min)._\n"
     )
+
+
+def _cpu_model() -> str:
+    """The CPU's name (a speed holds on the CPU it was measured on only)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return "unknown CPU"
 
 
 def _git(*args: str) -> str:
@@ -72,3 +83,8 @@ def lost_cell(lost: dict[str, Any]) -> str:
 
 def access_log_cell(lost: dict[str, Any]) -> str:
     return f"{lost.get('access_log_missing')} / {lost.get('access_log_duplicated')}"
+
+
+def table_head(columns: list[str]) -> str:
+    """A markdown table's header row and rule."""
+    return "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)

@@ -91,10 +91,17 @@ class Server:
         return lines[:limit]
 
     def rss_bytes(self) -> int:
+        return self._status_bytes("VmRSS")
+
+    def peak_rss_bytes(self) -> int:
+        """The most resident memory the process has had (the kernel's high-water mark)."""
+        return self._status_bytes("VmHWM")
+
+    def _status_bytes(self, field: str) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS in /proc status")
+        raise RuntimeError(f"no {field} in /proc status")
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
@@ -113,9 +120,12 @@ class Server:
 
 
 @contextmanager
-def running_server(model_dir: Path, log_dir: Path, **settings: object) -> Iterator[Server]:
+def running_server(
+    model_dir: Path, log_dir: Path, tree: Path = ROOT, **settings: object
+) -> Iterator[Server]:
     """`nmt serve` with NMT_* settings, yielded once /readyz says ready; SIGTERM at the end
-    (unless the caller already stopped it)."""
+    (unless the caller already stopped it). `tree`: the checkout whose code serves (another
+    commit's worktree, to measure before and after a change side by side)."""
     port = free_port()
     env_settings = {f"NMT_{name.upper()}": str(value) for name, value in settings.items()}
     env = {
@@ -128,7 +138,7 @@ def running_server(model_dir: Path, log_dir: Path, **settings: object) -> Iterat
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{port}.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(SERVE, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(SERVE, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
     server = Server(process, f"http://127.0.0.1:{port}", log_path, env_settings)
     try:
         _wait_ready(server)

@@ -15,11 +15,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from service.http import deepl, libretranslate, routes
+from service.http.dependencies import require_api_key, require_api_key_for_metrics
 from service.http.middleware import RequestContextMiddleware
 from service.http.pages import add_pages
 from service.serving.access import ApiKeys
@@ -79,27 +82,38 @@ def create_app(
     app.include_router(routes.build_router(settings))
     app.include_router(libretranslate.build_router(settings))
     app.include_router(deepl.build_router(settings))
+    # Paths whose dialect names its error field otherwise than FastAPI's "detail".
+    error_keys = dict.fromkeys(libretranslate.PATHS, "error") | dict.fromkeys(
+        deepl.PATHS, "message"
+    )
+    app.state.error_key = lambda path: error_keys.get(path, "detail")
+    cors_origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    if cors_origins:
+        # Added first, so that it runs inside RequestContextMiddleware (the last one added is
+        # the outermost): its preflight answers get the request id and the security headers,
+        # and reach no route (so no key is asked of them).
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=cors_origins,
+            allow_methods=["GET", "HEAD", "POST"],
+            # Every header the docs tell clients to send (DeepL's key is in Authorization).
+            allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "Retry-After"],
+        )
     app.add_middleware(
         RequestContextMiddleware,
         metrics=metrics,
         max_body_bytes=settings.max_body_bytes,
         access_log_enabled=settings.access_log,
-        error_keys=dict.fromkeys(libretranslate.PATHS, "error")
-        | dict.fromkeys(deepl.PATHS, "message"),
+        error_keys=error_keys,
         max_in_flight=settings.max_requests_in_flight,
         body_timeout=settings.body_timeout_seconds,
         retry_after=settings.retry_after_seconds,
+        cors_origins=cors_origins,
     )
-    if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=[o.strip() for o in settings.cors_origins.split(",") if o.strip()],
-            allow_methods=["GET", "POST"],
-            allow_headers=["Content-Type", "Authorization", "X-Request-ID"],
-            expose_headers=["X-Request-ID", "Retry-After"],
-        )
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
     return app
 
 
@@ -131,14 +145,69 @@ async def _service_error(request: Request, error: Exception) -> JSONResponse:
 
 
 async def _validation_error(request: Request, error: Exception) -> JSONResponse:
-    """FastAPI's 422 body, minus the echo of the (possibly huge) input."""
+    """FastAPI's 422 body, minus the echo of the (possibly huge) input. A body that is not JSON
+    at all is a 400 (422 is for JSON that breaks the schema), answered after the key check."""
     assert isinstance(error, RequestValidationError)
+    for problem in error.errors():
+        if problem.get("type") == "json_invalid":
+            return await _unreadable_body(request, _json_problem(problem, error.body))
     detail = [
         {key: value for key, value in problem.items() if key in ("type", "loc", "msg", "ctx")}
         for problem in error.errors()
     ]
     request.state.error = "; ".join(str(problem["msg"]) for problem in detail)[:500]
     return JSONResponse({"detail": _jsonable(detail)}, 422)
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    """Starlette's and FastAPI's HTTP errors (404, 405, the 400 for a body FastAPI could not
+    decode) in the error body of the path's dialect; that 400 names what is wrong with the
+    body, and comes after the key check."""
+    assert isinstance(error, HTTPException)
+    cause = error.__cause__  # set only where FastAPI decoded the body itself
+    if error.status_code == 400 and cause is not None:
+        if isinstance(cause, UnicodeDecodeError):
+            reason = f"it is not UTF-8 ({cause.reason} at byte {cause.start})"
+        elif isinstance(cause, RecursionError):
+            reason = "it is nested deeper than the parser allows"
+        else:
+            reason = str(error.detail)
+        return await _unreadable_body(request, f"the body is not valid JSON: {reason}")
+    request.state.error = str(error.detail)
+    key = request.app.state.error_key(request.url.path)
+    if key == "detail":
+        return await http_exception_handler(request, error)
+    return JSONResponse({key: error.detail}, error.status_code, headers=error.headers)
+
+
+# The route dependencies that check an API key.
+KEY_CHECKS = (require_api_key, require_api_key_for_metrics)
+
+
+async def _unreadable_body(request: Request, message: str) -> JSONResponse:
+    """400 for a body that cannot be read, unless the key is missing or wrong: FastAPI decodes
+    a JSON body before it runs the route's dependencies, so without this a client without a
+    key would learn about its body (400) before it is told about its key (401/403)."""
+    route = request.scope.get("route")
+    for dependency in getattr(getattr(route, "dependant", None), "dependencies", ()):
+        if dependency.call in KEY_CHECKS:
+            try:
+                await dependency.call(request)
+            except ServiceError as refused:
+                return await _service_error(request, refused)
+    request.state.error = message
+    return JSONResponse({"detail": message}, 400)
+
+
+def _json_problem(problem: dict, document: object) -> str:
+    """What json.loads said, where, as its own messages put it ("line 1 column 9 (char 8)")."""
+    reason = problem.get("ctx", {}).get("error", "JSON decode error")
+    position = problem["loc"][-1]
+    if not (isinstance(document, str) and isinstance(position, int)):
+        return f"the body is not valid JSON: {reason}"
+    line = document.count("\n", 0, position) + 1
+    column = position - document.rfind("\n", 0, position)
+    return f"the body is not valid JSON: {reason}: line {line} column {column} (char {position})"
 
 
 def _jsonable(value: object) -> object:

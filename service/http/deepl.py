@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from service.http import markup
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
@@ -137,7 +138,11 @@ async def _answer(
 ) -> JSONResponse:
     """Read the fields, check the key, respond; every failure in DeepL's format."""
     try:
-        fields = await _read_fields(request)
+        try:
+            fields = await _read_fields(request)
+        except DeepLError:  # a body that cannot be read holds no key: the header's goes first
+            keys.check(header_key(request))
+            raise
         auth_key = fields.get("auth_key")  # DeepL's deprecated form field
         presented = header_key(request) or (auth_key if isinstance(auth_key, str) else None)
         keys.check(presented)
@@ -166,7 +171,12 @@ async def _read_fields(request: Request) -> dict[str, Any]:
             raise DeepLError(400, "The request body must be a JSON object.")
         fields.update(data)
     elif content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        form = await request.form()
+        try:
+            form = await request.form()
+        except HTTPException as error:  # Starlette's 400 for a form it cannot read
+            raise DeepLError(
+                400, f"Invalid form data in the request body: {error.detail}"
+            ) from None
         for name in set(form.keys()):
             values = [v for v in form.getlist(name) if isinstance(v, str)]
             if values:
@@ -202,7 +212,8 @@ async def _translate(
     _refuse_what_cannot_be_honoured(fields)
     tags = _tag_handling(fields)
     split = tags.split if tags is not None else _split_mode(fields, "1")
-    documents = _read_markup(texts, tags) if tags is not None else None
+    limit = settings.max_sentences_per_request
+    documents = await _read_markup(texts, tags, limit) if tags is not None else None
     plain = [d.plain_text for d in documents] if documents is not None else texts
     source = await _source_language(service, fields.get("source_lang"), plain, target)
     model = service.model_for(source, target, admitted_at(request))
@@ -280,9 +291,13 @@ def _tag_list(fields: dict[str, Any], name: str) -> frozenset[str]:
     return frozenset(tag.strip() for v in values for tag in v.split(",") if tag.strip())
 
 
-def _read_markup(texts: list[str], options: markup.MarkupOptions) -> list[markup.Document]:
+async def _read_markup(
+    texts: list[str], options: markup.MarkupOptions, max_sentences: int
+) -> list[markup.Document]:
+    """Parsed off the event loop when long (seconds of CPU for 64 texts of markup), and no
+    further than the sentence limit (413) where a request passes it."""
     try:
-        return markup.read(texts, options)
+        return await markup.read_off_loop(texts, options, max_sentences)
     except markup.MarkupError as error:
         message = f"Tag handling parsing failed, please check input. ({error})"
         raise DeepLError(400, message) from None

@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from service.http import markup
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
@@ -43,7 +44,7 @@ LANGUAGE_NAMES = {
     "zh": "Chinese",
 }  # fmt: skip
 
-PATHS = frozenset({"/translate"})
+PATHS = frozenset({"/translate", "/detect", "/languages", "/frontend/settings"})
 
 
 class LibreError(Exception):
@@ -211,7 +212,12 @@ async def _read_fields(request: Request) -> dict[str, Any]:
         return data
     fields: dict[str, Any] = dict(request.query_params)
     if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        form = await request.form()
+        try:
+            form = await request.form()
+        except HTTPException as error:  # Starlette's 400 for a form it cannot read
+            raise LibreError(
+                400, f"Invalid request: unreadable form body: {error.detail}"
+            ) from None
         fields.update({k: v for k, v in form.items() if isinstance(v, str)})
         # Form bodies get LF line endings, as LibreTranslate does for its character limit.
         if isinstance(fields.get("q"), str):
@@ -225,7 +231,11 @@ async def _answer(
     """Read the fields, check the key (`api_key`, or a header), respond; every failure in
     LibreTranslate's format."""
     try:
-        fields = await _read_fields(request)
+        try:
+            fields = await _read_fields(request)
+        except LibreError:  # a body that cannot be read holds no key: the header's goes first
+            keys.check(header_key(request))
+            raise
         api_key = fields.get("api_key")
         if api_key is not None and not isinstance(api_key, str):
             raise LibreError(400, "Invalid request: api_key must be a string")
@@ -276,7 +286,8 @@ async def _translate(
         raise LibreError(400, f"{text_format} format is not supported")
     alternatives = _alternatives(fields.get("alternatives"), settings.max_beam_size - 1)
     # HTML: parsed first, so that detection reads the text, not the tags.
-    documents = _read_html(texts) if text_format == "html" else None
+    limit = settings.max_sentences_per_request
+    documents = await _read_html(texts, limit) if text_format == "html" else None
 
     detected = None
     if source == "auto":
@@ -305,9 +316,12 @@ async def _translate(
     return JSONResponse(body)
 
 
-def _read_html(texts: list[str]) -> list[markup.Document]:
+async def _read_html(texts: list[str], max_sentences: int) -> list[markup.Document]:
+    """Parsed off the event loop when long (seconds of CPU for 64 texts of markup), and no
+    further than the sentence limit (413) where a request passes it."""
     try:
-        return markup.read(texts, markup.MarkupOptions(kind="html"))
+        options = markup.MarkupOptions(kind="html")
+        return await markup.read_off_loop(texts, options, max_sentences)
     except markup.MarkupError as error:
         raise LibreError(400, f"Invalid request: {error}") from None
 

@@ -1,6 +1,7 @@
-"""What every HTTP request goes through, around the routes: admission (a bound on requests in
-flight, decided before the body is read), its request id, the body size and time limits,
-security headers, the request metrics, the JSON access log line, and the catch-all for faults.
+"""What every HTTP request goes through, around the routes: its request id, the body size and
+time limits, admission (a bound on requests in flight, decided once the body is read, so that
+a client sending its body slowly holds a connection but no slot), security headers, the
+request metrics, the JSON access log line, and the catch-all for faults.
 
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware) so that the route still sees the
 client disconnect, which is how a request whose client went away gets its queued work dropped.
@@ -39,6 +40,16 @@ SECURITY_HEADERS = [
 ]
 
 
+def never_refused(scope: Scope) -> bool:
+    """Health, metrics and pages, and CORS preflights (answered by the CORS middleware: they
+    cost nothing and reach no route)."""
+    if scope.get("path") in NEVER_REFUSED:
+        return True
+    return scope.get("method") == "OPTIONS" and any(
+        name == b"access-control-request-method" for name, _ in scope.get("headers", [])
+    )
+
+
 def admitted_at(request: Any) -> float | None:
     """When the middleware admitted this request (time.monotonic()), if it went through it."""
     return getattr(request.state, "admitted_at", None)
@@ -65,8 +76,13 @@ class RequestContextMiddleware:
         max_in_flight: int = 256,
         body_timeout: float = 10.0,
         retry_after: int = 1,
+        cors_origins: list[str] | None = None,
     ) -> None:
         self.app = app
+        # The CORS middleware runs inside this one (so that its preflights get the request id
+        # and the security headers): the answers this one gives itself need its headers too,
+        # or a browser's script could not read a 429's Retry-After.
+        self.cors_origins = set(cors_origins or [])
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.max_in_flight = max_in_flight
@@ -99,16 +115,13 @@ class RequestContextMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
-        admitted = scope.get("path") in NEVER_REFUSED or self.in_flight < self.max_in_flight
-        self.in_flight += admitted
+        admitted = False
         # When: a request admitted before SIGTERM is finished (see Lifecycle.check_accepting).
-        scope.setdefault("state", {})["admitted_at"] = time.monotonic()
+        state["admitted_at"] = time.monotonic()
         self.metrics.requests_in_progress.inc()
         try:
-            if not admitted:
-                state["error"] = "overloaded"
-                await self._overloaded(scope, send_with_id)
-            elif (replay := await self._read_body(scope, receive)) is None:
+            replay = await self._read_body(scope, receive)
+            if replay is None:
                 await self._too_large(scope, send_with_id)
             elif replay == "timeout":
                 state["error"] = "body timeout"
@@ -120,7 +133,12 @@ class RequestContextMiddleware:
                     "(NMT_BODY_TIMEOUT_SECONDS)",
                     close=True,
                 )
+            elif not (never_refused(scope) or self.in_flight < self.max_in_flight):
+                state["error"] = "overloaded"
+                await self._overloaded(scope, send_with_id)
             else:
+                admitted = True
+                self.in_flight += 1
                 await self.app(scope, replay, send_with_id)
         except Exception:
             # A net, not the fix: every fault a client can trigger is handled where it arises.
@@ -143,17 +161,20 @@ class RequestContextMiddleware:
                 self._log(scope, state, route, status, seconds)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> Receive | str | None:
-        """Read the whole body up front, refusing it past the limit (None) or when the client
-        pauses longer than the body timeout ("timeout"), and give the app a `receive` that
-        replays it and then passes through (to report the disconnect)."""
+        """Read the whole body up front, refusing it past the limit (None) or when it has not
+        all arrived within the body timeout ("timeout": one deadline for the whole body, not
+        per pause, so a byte every few seconds does not hold the connection for ever), and
+        give the app a `receive` that replays it and then passes through (to report the
+        disconnect)."""
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
                 return None
         chunks: list[bytes] = []
         size = 0
+        deadline = time.monotonic() + self.body_timeout
         while True:
             try:
-                message = await asyncio.wait_for(receive(), self.body_timeout)
+                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
             except TimeoutError:
                 return "timeout"
             if message["type"] != "http.request":  # disconnected while sending
@@ -187,8 +208,8 @@ class RequestContextMiddleware:
             "retry later"
         )
         retry = [(b"retry-after", str(self.retry_after).encode())]
-        # The body was never read, so the connection cannot carry another request.
-        await self._send_error(scope, send, 429, message, close=True, headers=retry)
+        # The body has been read: the connection can carry the client's next request.
+        await self._send_error(scope, send, 429, message, close=False, headers=retry)
 
     async def _internal_error(self, scope: Scope, request_id: str, send: Send) -> None:
         message = f"internal server error (request id {request_id}); it is logged"
@@ -212,8 +233,27 @@ class RequestContextMiddleware:
         ]
         if close:
             headers.append((b"connection", b"close"))
+        headers += self._cors_headers(scope)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    def _cors_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        """What Starlette's CORSMiddleware adds to a simple request's answer from an allowed
+        origin (with the same exposed headers)."""
+        origin = next((v for n, v in scope.get("headers", []) if n == b"origin"), None)
+        if origin is None or not self.cors_origins:
+            return []
+        if "*" in self.cors_origins:
+            allowed = b"*"
+        elif origin.decode("latin-1") in self.cors_origins:
+            allowed = origin
+        else:
+            return []
+        return [
+            (b"access-control-allow-origin", allowed),
+            (b"access-control-expose-headers", b"X-Request-ID, Retry-After"),
+            (b"vary", b"Origin"),
+        ]
 
     def _log(
         self, scope: Scope, state: dict[str, Any], route: str, status: int, seconds: float

@@ -20,9 +20,11 @@ from service.http.schemas import (
     ModelInfo,
     ModelsResponse,
     Problem,
+    TranslateRequestBase,
     TranslateResponse,
     translate_request_model,
 )
+from service.serving.pipeline import RequestResult, off_loop
 from service.serving.settings import Settings
 
 ERROR_RESPONSES: dict[int | str, dict] = {
@@ -33,8 +35,9 @@ ERROR_RESPONSES: dict[int | str, dict] = {
     408: {"model": Problem, "description": "the body did not arrive in NMT_BODY_TIMEOUT_SECONDS"},
     413: {
         "model": Problem,
-        "description": "body larger than NMT_MAX_BODY_BYTES, or more sentences than "
-        "NMT_MAX_SENTENCES_PER_REQUEST",
+        "description": "body larger than NMT_MAX_BODY_BYTES, more sentences than "
+        "NMT_MAX_SENTENCES_PER_REQUEST, or an alignment of more weights than "
+        "NMT_MAX_ALIGNMENT_WEIGHTS",
     },
     422: {"description": "invalid input: the message names the field and the limit"},
     429: {
@@ -66,7 +69,7 @@ def build_router(settings: Settings) -> APIRouter:
         body: TranslateRequest,  # type: ignore[valid-type]
         request: Request,
         service: ServiceDep,
-    ) -> TranslateResponse:
+    ) -> Response:
         model = service.model_for(body.source_lang, body.target_lang, admitted_at(request))
         request.state.model = model.name
         options = body.search_options(settings.max_repeats)
@@ -77,7 +80,7 @@ def build_router(settings: Settings) -> APIRouter:
         request.state.sentences = result.sentences
         request.state.input_tokens = result.input_tokens
         request.state.output_tokens = result.output_tokens
-        return TranslateResponse.from_result(result, body)
+        return await _json_answer(result, body)
 
     @router.get(
         "/v1/models",
@@ -109,6 +112,19 @@ def build_router(settings: Settings) -> APIRouter:
             return JSONResponse({"status": lifecycle.phase, "detail": lifecycle.reason}, 503)
         return JSONResponse({"status": "ready", "models": service.registry.pairs})
 
+    # HEAD, as load balancers and uptime monitors probe: GET's status and headers, no body
+    # (the server drops it). A route of its own, so that its operationId is its own too.
+    for path, probe in (("/healthz", healthz), ("/readyz", readyz)):
+        router.add_api_route(
+            path,
+            probe,
+            methods=["HEAD"],
+            tags=["health"],
+            summary=f"GET {path}, without the body",
+            response_class=Response,  # documented without content: a HEAD answer has none
+            responses={200: {"description": "as GET"}, 503: {"description": "as GET"}},
+        )
+
     @router.get(
         "/metrics",
         tags=["health"],
@@ -125,3 +141,18 @@ def build_router(settings: Settings) -> APIRouter:
         return Response(metrics.render(), media_type=metrics.content_type)
 
     return router
+
+
+async def _json_answer(result: RequestResult, body: TranslateRequestBase) -> Response:
+    """The answer as JSON bytes, rendered here rather than by FastAPI, which validates and
+    serialises an async route's response_model on the event loop: seconds for an answer with
+    alignment. A large one (characters plus attention weights, off_loop's rule) renders on a
+    worker thread; the bytes are what FastAPI would have sent (response_model_exclude_none)."""
+    size = sum(map(len, body.texts)) + result.alignment_weights
+    content = await off_loop(size, _render, result, body)
+    return Response(content, media_type="application/json")
+
+
+def _render(result: RequestResult, body: TranslateRequestBase) -> bytes:
+    answer = TranslateResponse.from_result(result, body)
+    return answer.model_dump_json(exclude_none=True).encode()

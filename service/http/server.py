@@ -17,7 +17,9 @@ from types import FrameType
 import uvicorn
 
 from service.http.app import create_app
+from service.http.connections import ConnectionLimits, guarded_protocol
 from service.http.logs import configure_logging
+from service.http.middleware import QUIET_ROUTES
 from service.serving.settings import Settings
 
 log = logging.getLogger("nmt.server")
@@ -52,14 +54,24 @@ def serve(settings: Settings | None = None) -> int:
             server.should_exit = True
 
     app = create_app(settings, on_load_failed=load_failed)
+    refused = app.state.metrics.connections_refused
+    limits = ConnectionLimits(
+        header_timeout=settings.header_timeout_seconds,
+        max_header_bytes=settings.max_header_bytes,
+        max_per_client=settings.max_connections_per_client,
+        exempt_paths=frozenset(QUIET_ROUTES),
+        error_key=app.state.error_key,
+        on_refused=lambda reason: refused.labels(reason).inc(),
+    )
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_config=None,  # keep our JSON logging
         access_log=False,  # our middleware writes the access log
-        # loop and http stay "auto": uvloop and httptools (serving dependencies), or asyncio's
-        # own loop and h11 where a platform has no wheel for them.
+        # loop "auto": uvloop (a serving dependency), or asyncio's own where a platform has no
+        # wheel for it. http: httptools with the limits on connections uvicorn lacks.
+        http=guarded_protocol(limits),  # type: ignore[arg-type]  # a factory, as uvicorn calls it
         # The app answers what is still running at NMT_SHUTDOWN_TIMEOUT_SECONDS with a 503
         # itself (Lifecycle); uvicorn's own limit, which cuts requests off with no answer,
         # comes a little later, as a last resort.

@@ -273,6 +273,7 @@ class ContinuousScheduler(Scheduler):
                     self._rooms(), _key, self._cost, ready=self._ready_to_join()
                 )
                 if joiners:
+                    self._joined(joiners, self.clock())
                     self._report_depth()
         by_key: dict[Hashable, list[QueuedSentence]] = {}
         for item in joiners:
@@ -467,9 +468,11 @@ class ContinuousScheduler(Scheduler):
             return
         complete: list[Job] = []
         expired: dict[int, Job] = {}
+        now = self.clock()
         with self._lock:
             for done in finished:
                 item: QueuedSentence = done.sentence.ticket
+                self._finished(item, now)
                 if not item.job.closed and self._record(item, done.hypotheses):
                     complete.append(item.job)
             for left in gone:

@@ -11,7 +11,10 @@ API dialect (service/http/) shapes the body its clients expect from them.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from service.serving.admission import Forecast
 
 # nginx's status for "the client went away before the answer"; nobody reads it but the logs.
 CLIENT_CLOSED_REQUEST = 499
@@ -85,10 +88,28 @@ class RequestTooLarge(ServiceError):
 
     status = 413
 
-    def __init__(self, sentences: int, limit: int) -> None:
+    def __init__(self, sentences: int, limit: int, at_least: bool = False) -> None:
+        """`at_least`: counting stopped once past the limit (markup not parsed to its end)."""
+        counted = f"at least {sentences}" if at_least else str(sentences)
         super().__init__(
-            f"the request has {sentences} sentences; the limit is {limit} sentences per request "
+            f"the request has {counted} sentences; the limit is {limit} sentences per request "
             "(NMT_MAX_SENTENCES_PER_REQUEST): send them in several requests"
+        )
+
+
+class AlignmentTooLarge(ServiceError):
+    """An answer that would carry more attention weights than one answer may
+    (NMT_MAX_ALIGNMENT_WEIGHTS): counted after decoding, refused before its lists are built,
+    so that a small request cannot make the server build (and hold) a huge answer."""
+
+    status = 413
+
+    def __init__(self, weights: int, limit: int) -> None:
+        self.weights, self.limit = weights, limit
+        super().__init__(
+            f"the alignment of this answer has {weights} attention weights; the limit is "
+            f"{limit} per answer (NMT_MAX_ALIGNMENT_WEIGHTS): ask for fewer texts, for "
+            "alignment_heads 'mean' instead of 'all', or for no alignment"
         )
 
 
@@ -119,6 +140,27 @@ class QueueFull(ServiceError):
         super().__init__(
             f"model {model} has {queued} sentences waiting (limit {limit}, "
             "NMT_MAX_QUEUE_SENTENCES): retry later"
+        )
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class Backlogged(ServiceError):
+    """The queue ahead of this request would keep it past its deadline (admission.py): refused
+    at once, with the time after which the same request would fit."""
+
+    status = 429
+
+    def __init__(
+        self, model: str, ahead: int, forecast: Forecast, timeout: float, retry_after: int
+    ) -> None:
+        self.retry_after = retry_after
+        super().__init__(
+            f"model {model} has {ahead} sentences waiting, taken at about "
+            f"{forecast.rate:.0f} sentences/s: this request would finish in about "
+            f"{forecast.wait + forecast.service:.1f} s, past its {timeout:g} s deadline "
+            f"(NMT_REQUEST_TIMEOUT_SECONDS): retry in {retry_after} s"
         )
 
     def headers(self) -> dict[str, str]:

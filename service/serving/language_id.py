@@ -34,8 +34,8 @@ class LanguageDetector:
             if self._identifier is None:
                 self._identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
 
-    def detect(self, text: str, candidates: int = 3) -> list[Detection]:
-        """The most likely languages of `text`, best first."""
+    def detect(self, text: str, candidates: int | None = 3) -> list[Detection]:
+        """The most likely languages of `text`, best first (None: every language it knows)."""
         self.load()
         assert self._identifier is not None
         ranked = self._identifier.rank(text)[:candidates]

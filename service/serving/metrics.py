@@ -85,12 +85,26 @@ class Metrics:
         self.requests_in_progress = Gauge(
             "nmt_requests_in_progress", "HTTP requests being handled now", registry=registry
         )
+        self.connections_refused = Counter(
+            "nmt_connections_refused",
+            "connections closed or requests refused before they reached a route, by reason: "
+            "header_timeout, header_too_large, client_cap",
+            ["reason"],
+            registry=registry,
+        )
         self.queue_depth = Gauge(
             "nmt_queue_depth", "sentences waiting for a batch", ["model"], registry=registry
         )
         self.queue_capacity = Gauge(
             "nmt_queue_capacity",
             "sentences the queue may hold (NMT_MAX_QUEUE_SENTENCES); past it, 429",
+            ["model"],
+            registry=registry,
+        )
+        self.capacity = Gauge(
+            "nmt_capacity_sentences_per_second",
+            "queued sentences the model took into its batches per second while others waited "
+            "(its measured capacity; admission forecasts queue waits from it)",
             ["model"],
             registry=registry,
         )
@@ -339,6 +353,9 @@ class Metrics:
     def observe_dropped(self, model: str, reason: str, count: int) -> None:
         if count:
             self.dropped_sentences.labels(model, reason).inc(count)
+
+    def observe_capacity(self, model: str, sentences_per_second: float) -> None:
+        self.capacity.labels(model).set(sentences_per_second)
 
     # Requests (the HTTP middleware) and models (the registry).
     def observe_request(self, route: str, model: str, status: int, seconds: float) -> None:

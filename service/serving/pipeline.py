@@ -15,12 +15,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from service.runtime.search import Hypothesis, SearchOptions
 from service.runtime.tokenizer import BundleTokenizer
 from service.serving.cache import TranslationCache
 from service.serving.errors import (
+    AlignmentTooLarge,
     ClientGone,
     DeadlineExceeded,
     DetectedLanguageNotServed,
@@ -40,8 +43,27 @@ from service.serving.settings import Settings
 from service.serving.word_alignment import WordAlignment, word_alignment
 
 WEIGHT_DECIMALS = 3
-# Longer requests are split and tokenized on a worker thread rather than on the event loop.
+# Work on more than this many characters (an answer: characters plus attention weights) runs
+# on a worker thread rather than on the event loop (off_loop); below it, inline.
 PREPARE_INLINE_CHARS = 2000
+# A detection (percent) below this is a guess: see TranslationService.detect_source.
+SURE_DETECTION = 50.0
+
+
+T = TypeVar("T")
+
+
+async def off_loop(
+    size: int, work: Callable[..., T], *args: Any, executor: Executor | None = None
+) -> T:
+    """work(*args) on a worker thread (of `executor`, or asyncio's default pool) when `size`
+    (characters, or values of an answer) passes PREPARE_INLINE_CHARS, so that the event loop
+    keeps answering /healthz and other requests while it runs (the GIL is shared, but handed
+    over every 5 ms); inline for small work, where the hand-off would cost more than the work
+    itself."""
+    if size > PREPARE_INLINE_CHARS:
+        return await asyncio.get_running_loop().run_in_executor(executor, work, *args)
+    return work(*args)
 
 
 @dataclass
@@ -78,6 +100,7 @@ class RequestResult:
     sentences: int
     input_tokens: int  # source tokens fed to the encoder, </s> included
     output_tokens: int  # tokens of the returned translations, </s> excluded
+    alignment_weights: int = 0  # attention weights in `texts` (what rendering them costs)
 
 
 class TranslationService:
@@ -118,20 +141,28 @@ class TranslationService:
         `index`: the text's place in the request, for the error a bad text gets."""
         return await self._detect_clean(clean_text(text, index))
 
-    async def _detect_clean(self, text: str) -> list[Detection]:
-        if len(text) > PREPARE_INLINE_CHARS:
-            return await asyncio.to_thread(self.detector.detect, text)
-        return self.detector.detect(text)
+    async def _detect_clean(self, text: str, candidates: int | None = 3) -> list[Detection]:
+        return await off_loop(len(text), self.detector.detect, text, candidates)
 
     async def detect_source(self, texts: list[str], target_lang: str) -> Detection:
-        """The source language of a request without one: detected on all its texts together;
-        DetectedLanguageNotServed when no model translates it into target_lang."""
+        """The source language of a request without one: detected on all its texts together.
+
+        A short text often looks like some other language ("Un homme." reads as Northern Sotho,
+        at 7%). So when detection is unsure (below SURE_DETECTION) of a language that no model
+        translates into target_lang, and a single source language does, that one is the
+        answer, with the detector's own confidence in it. Otherwise an unserved detection is
+        DetectedLanguageNotServed: with several sources there is no honest guess, and a sure
+        detection of another language (a German text for a French model) is not a guess."""
         cleaned = [clean_text(text, index) for index, text in enumerate(texts)]
-        best = (await self._detect_clean("\n".join(cleaned)))[0]
-        sources = self.sources_for(target_lang)
-        if best.language not in sources:
-            raise DetectedLanguageNotServed(best.language, best.confidence, target_lang, sources)
-        return best
+        ranked = await self._detect_clean("\n".join(cleaned), candidates=None)
+        best = ranked[0]
+        sources = sorted(set(self.sources_for(target_lang)))
+        if best.language in sources:
+            return best
+        if len(sources) == 1 and best.confidence < SURE_DETECTION:
+            only = sources[0]
+            return next((d for d in ranked if d.language == only), Detection(only, 0.0))
+        raise DetectedLanguageNotServed(best.language, best.confidence, target_lang, sources)
 
     async def translate(
         self,
@@ -140,7 +171,11 @@ class TranslationService:
         options: SearchOptions,
         client_gone: Callable[[], Awaitable[object]] | None = None,
         split: SplitMode = "sentences",
+        alignment_weights: bool = True,
     ) -> RequestResult:
+        """The texts translated. With options.alignment, each sentence's alignment: its
+        weights (capped by NMT_MAX_ALIGNMENT_WEIGHTS, AlignmentTooLarge past it) unless
+        `alignment_weights` is False, for callers that read only the word alignment."""
         layers = model.bundle.dims["decoder_layers"]
         if not -layers <= options.alignment_layer < layers:
             raise InvalidInput(
@@ -156,15 +191,27 @@ class TranslationService:
         timeout = self.settings.request_timeout_seconds
         deadline = time.monotonic() + timeout
         limit = self.settings.max_sentences_per_request
-        if sum(len(text) for text in texts) > PREPARE_INLINE_CHARS:  # keep the loop responsive
-            prepared = await asyncio.to_thread(_prepare, model, texts, limit, split)
-        else:
-            prepared = _prepare(model, texts, limit, split)
+        prepared = await off_loop(characters, _prepare, model, texts, limit, split)
         hypotheses = await self._run(
             model, prepared.sources, prepared.owners, options, deadline, client_gone
         )
+        weights = 0
+        if options.alignment and alignment_weights:  # counted before any list is built
+            weights = _alignment_weights(prepared, hypotheses)
+            if weights > self.settings.max_alignment_weights:
+                raise AlignmentTooLarge(weights, self.settings.max_alignment_weights)
         self.characters_translated += characters
-        return _assemble(model, prepared, hypotheses, options)
+        result = await off_loop(
+            characters + weights,
+            _assemble,
+            model,
+            prepared,
+            hypotheses,
+            options,
+            alignment_weights,
+        )
+        result.alignment_weights = weights
+        return result
 
     async def _run(
         self,
@@ -292,11 +339,27 @@ def _prepare(
     return _Prepared(splits, sources, owners, slots)
 
 
+def _alignment_weights(prepared: _Prepared, hypotheses: list[list[Hypothesis]]) -> int:
+    """The attention weights an answer would carry: for each sentence of each text (a
+    repeated sentence, decoded once, is in the answer as often as it is in the request),
+    target x source tokens, for the heads' mean and for each head kept apart."""
+    count = 0
+    for slots in prepared.slots:
+        for slot in slots:
+            if slot is None:
+                continue
+            best = hypotheses[slot][0]
+            for weights in (best.alignment, best.head_alignment):
+                count += 0 if weights is None else int(weights.size)
+    return count
+
+
 def _assemble(
     model: LoadedModel,
     prepared: _Prepared,
     hypotheses: list[list[Hypothesis]],
     options: SearchOptions,
+    with_weights: bool = True,
 ) -> RequestResult:
     tokenizer = model.translator.tokenizer
     layers = model.bundle.dims["decoder_layers"]
@@ -324,7 +387,12 @@ def _assemble(
                 SentenceAlignment([], [], [])
                 if slot is None
                 else _alignment(
-                    tokenizer, prepared.sources[slot], hypotheses[slot][0], options, layers
+                    tokenizer,
+                    prepared.sources[slot],
+                    hypotheses[slot][0],
+                    options,
+                    layers,
+                    with_weights,
                 )
                 for slot in slots
             ]
@@ -344,7 +412,10 @@ def _alignment(
     best: Hypothesis,
     options: SearchOptions,
     layers: int,
+    with_weights: bool = True,
 ) -> SentenceAlignment:
+    """One sentence's alignment; with_weights False: the word alignment only (weights and
+    head_weights left empty, no lists built)."""
     weights = best.alignment
     rows = 0 if weights is None else weights.shape[0]
     target_pieces = tokenizer.target_pieces(best.tokens)
@@ -353,11 +424,11 @@ def _alignment(
     source_pieces = tokenizer.source_pieces(source)
     if weights is None:
         return SentenceAlignment(source_pieces, target_pieces[:rows], [])
-    heads = best.head_alignment  # [target, heads, source] or None
+    heads = best.head_alignment if with_weights else None  # [target, heads, source] or None
     return SentenceAlignment(
         source_tokens=source_pieces,
         target_tokens=target_pieces[:rows],
-        weights=weights.astype(float).round(WEIGHT_DECIMALS).tolist(),
+        weights=weights.astype(float).round(WEIGHT_DECIMALS).tolist() if with_weights else [],
         words=word_alignment(source_pieces, target_pieces[:rows], weights, WEIGHT_DECIMALS),
         layer=options.alignment_layer % layers,
         head_weights=None

@@ -25,7 +25,13 @@ concerned are retried one by one so that only the culprit's job fails.
 expired), a plain object with no thread and no clock of its own, so it is tested with made-up
 times; the schedulers run it on a worker thread with a clock (injectable too).
 
-Knows nothing of HTTP: it raises `QueueFull`, `ShuttingDown` and `DeadlineExceeded`.
+Admission is bounded twice: by the queue's length (`QueueFull`), and by time
+(service/serving/admission.py): a request the backlog would keep past its deadline is refused
+at once (`Backlogged`), and a queued sentence that can no longer finish in time is dropped
+before it costs a step.
+
+Knows nothing of HTTP: it raises `QueueFull`, `Backlogged`, `ShuttingDown` and
+`DeadlineExceeded`.
 """
 
 from __future__ import annotations
@@ -40,8 +46,10 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from service.runtime.running_batch import batch_key
 from service.runtime.search import Hypothesis, SearchOptions
-from service.serving.errors import DeadlineExceeded, QueueFull, ShuttingDown
+from service.serving.admission import DeadlineAdmission, retry_after
+from service.serving.errors import Backlogged, DeadlineExceeded, QueueFull, ShuttingDown
 
 log = logging.getLogger("nmt.scheduler")
 
@@ -90,6 +98,8 @@ class BatchObserver(Protocol):
     ) -> None: ...
 
     def observe_dropped(self, model: str, reason: str, count: int) -> None: ...
+
+    def observe_capacity(self, model: str, sentences_per_second: float) -> None: ...
 
 
 @dataclass
@@ -185,6 +195,7 @@ class QueuedSentence:
     # runs `encoding` is True, then `encoded` holds the joining state (or the exception).
     encoding: bool = field(default=False, init=False)
     encoded: object = field(default=None, init=False)
+    joined: float | None = field(default=None, init=False)  # when it reached the engine
 
     def __post_init__(self) -> None:
         self.tokens = len(self.job.sources[self.index])
@@ -217,12 +228,19 @@ class BatchQueue:
         self.items = deque(item for item in self.items if item.job is not job)
         return before - len(self.items)
 
-    def expired_jobs(self, now: float) -> list[Job]:
-        """The distinct jobs with queued sentences whose deadline has passed, oldest first."""
-        found: dict[int, Job] = {}
+    def expired_jobs(
+        self, now: float, hopeless: Callable[[QueuedSentence], bool] = lambda item: False
+    ) -> list[tuple[Job, bool]]:
+        """The distinct jobs with queued sentences whose deadline has passed (False) or which
+        can no longer finish before it (`hopeless`: True), oldest first."""
+        found: dict[int, tuple[Job, bool]] = {}
         for item in self.items:
+            if id(item.job) in found:
+                continue
             if item.job.deadline <= now:
-                found.setdefault(id(item.job), item.job)
+                found[id(item.job)] = (item.job, False)
+            elif hopeless(item):
+                found[id(item.job)] = (item.job, True)
         return list(found.values())
 
     def next_batch(self, now: float, closing: bool = False) -> tuple[list[QueuedSentence], float]:
@@ -317,6 +335,7 @@ class Scheduler:
         self.clock = clock
         self._observer = observer
         self._queue = BatchQueue(model, limits)
+        self._admission = DeadlineAdmission()  # under the lock
         # The worker waits on `_lock`; a subclass may make other conditions on `_mutex`, so
         # that a submit wakes only the threads it gives work to.
         self._mutex = threading.Lock()
@@ -347,6 +366,7 @@ class Scheduler:
         with self._lock:
             if self._closing:
                 raise ShuttingDown("the server is shutting down: no new work is accepted")
+            self._check_deadline(job, now)
             self._queue.add(job, now)
             self._report_depth()
             self._lock.notify_all()  # the worker
@@ -369,8 +389,39 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    @property
+    def capacity(self) -> float | None:
+        """Sentences per second the worker took from a waiting queue, as last measured."""
+        return self._admission.rate
+
     def _work(self) -> None:
         raise NotImplementedError
+
+    def _check_deadline(self, job: Job, now: float) -> None:
+        """Under the lock: refuse a job the backlog would keep past its deadline. A job that
+        finds the queue empty is taken whatever its forecast: nothing else can be done for
+        it, and it may be shorter than the mean."""
+        ahead = len(self._queue)
+        key = batch_key(job.options)
+        longest = max(len(source) for source in job.sources)
+        forecast = self._admission.forecast(now, ahead, len(job.sources), key, longest)
+        if ahead and forecast is not None and not forecast.fits(now, job.deadline):
+            raise Backlogged(
+                self.model, ahead, forecast, job.timeout, retry_after(forecast, now, job.deadline)
+            )
+
+    def _joined(self, items: list[QueuedSentence], now: float) -> None:
+        """Under the lock: sentences reached the engine (for the admission's join rate)."""
+        for item in items:
+            item.joined = now
+        self._admission.joined(now, len(items), len(self._queue))
+        if self._observer and (rate := self._admission.rate) is not None:
+            self._observer.observe_capacity(self.model, rate)
+
+    def _finished(self, item: QueuedSentence, now: float) -> None:
+        """Under the lock: a sentence ended (for the admission's service time)."""
+        if item.joined is not None:
+            self._admission.finished(batch_key(item.job.options), now - item.joined, item.tokens)
 
     def _queued(self) -> None:
         """Under the lock, after work was queued (or closing began): wake whoever else but
@@ -416,13 +467,23 @@ class Scheduler:
         job.closed = True
         self._jobs_closed += 1  # after `closed`: a worker that sees the count sees the flag
         dropped = self._queue.remove(job)
+        if not self._queue:
+            self._admission.queue_emptied()
         self._report_depth()
         return dropped
 
     def _drop_expired(self) -> None:
-        for job in self._queue.expired_jobs(self.clock()):
+        """Drop queued jobs past their deadline, and those that can no longer meet it (their
+        time left is shorter than a sentence's service time): 504 now, no step spent."""
+        now = self.clock()
+
+        def hopeless(item: QueuedSentence) -> bool:
+            key = batch_key(item.job.options)
+            return self._admission.hopeless(now, item.job.deadline, key, item.tokens)
+
+        for job, early in self._queue.expired_jobs(now, hopeless):
             dropped = self._close_job(job)
-            self._report_dropped("deadline", dropped)
+            self._report_dropped("deadline_unreachable" if early else "deadline", dropped)
             job.settle(DeadlineExceeded(job.timeout))
 
     def _report_depth(self) -> None:
@@ -466,6 +527,7 @@ class BatchScheduler(Scheduler):
                 self._drop_expired()
                 batch, wait = self._queue.next_batch(self.clock(), self._closing)
                 if batch:
+                    self._joined(batch, self.clock())
                     self._report_depth()
                     return batch
                 if not self._queue and self._closing:
@@ -525,9 +587,12 @@ class BatchScheduler(Scheduler):
         self._report_dropped("abandoned_in_batch", stopped)
         finished: list[Job] = []
         expired: list[Job] = []
+        ended = self.clock()
         with self._lock:
             for item, hypotheses in zip(batch, results, strict=True):
                 job = item.job
+                if hypotheses:
+                    self._finished(item, ended)
                 if job.closed:
                     continue
                 if not hypotheses:  # stopped midway: its deadline passed during the batch

@@ -68,13 +68,35 @@ class Settings(BaseSettings):
         256,
         gt=0,
         description="requests being handled at once (health and metrics aside); past it, 429 "
-        "at once, before the body is read",
+        "at once, once the body is read",
     )
     max_connections: int = Field(
-        1024, gt=0, description="open connections; past it, new ones get 503 (uvicorn's limit)"
+        1024,
+        gt=0,
+        description="open connections; past it, requests get 503 (uvicorn's limit), except "
+        "/healthz, /readyz and /metrics, which are answered whatever the count",
+    )
+    max_connections_per_client: int = Field(
+        0,
+        ge=0,
+        description="open connections per client address; a request on one past it gets 429 "
+        "(health and metrics aside); 0: no cap (behind a proxy every client has its address)",
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="time a connection has to send a request's headers, from when it opens "
+        "(or a keep-alive request's first byte); past it, the connection is closed (408 if a "
+        "request had begun)",
+    )
+    max_header_bytes: int = Field(
+        32768, gt=0, description="largest request line and headers; past it, 431"
     )
     body_timeout_seconds: float = Field(
-        10.0, gt=0, description="longest pause while a client sends its body; past it, 408"
+        10.0,
+        gt=0,
+        description="time a client has to send its whole body, from the end of its headers; "
+        "past it, 408",
     )
     keep_alive_seconds: float = Field(
         5.0, gt=0, description="how long an idle keep-alive connection is kept open"
@@ -98,6 +120,16 @@ class Settings(BaseSettings):
         gt=0,
         description="sentences in one request after splitting; past it, 413 (one request may "
         "not hold the model for long)",
+    )
+    max_alignment_weights: int = Field(
+        2_000_000,
+        gt=0,
+        description="attention weights one answer may carry with return_alignment, heads "
+        "included (per sentence, target x source tokens: once for the mean, once more per head "
+        "with alignment_heads 'all'); past it, 413, before the answer is built. 2 million (an "
+        "answer of about 12 MB) lets through any one text of NMT_MAX_CHARS_PER_TEXT with every "
+        "head, as the web page asks, even in sentences at NMT_MAX_TOKENS_PER_SENTENCE (5,000 "
+        "characters of French: about 1.5 million)",
     )
     max_chars_per_text: int = Field(5000, gt=0, description="characters in one text")
     max_tokens_per_sentence: int = Field(

@@ -4,8 +4,10 @@
 How, the way Bergamot carries HTML:
 
 1. **Parse** with a real parser: `html.parser` for HTML (lenient, as browsers are: an unclosed
-   element is closed where its parent ends, a stray end tag is dropped), expat for XML (strict:
-   markup it cannot read is a MarkupError, which each dialect answers with its 400).
+   element is closed where its parent ends, a stray end tag is dropped; but a `<script>` or
+   `<style>` never closed is a MarkupError, since all the text after it would be script),
+   expat for XML (strict: markup it cannot read is a MarkupError, which each dialect answers
+   with its 400).
 2. **Lay out**: structural elements (p, div, li, h1 ... in HTML; DeepL's `splitting_tags`; in
    XML, the outline DeepL detects) stay where they are. What lies between them is a *run*:
    text, *spans* (inline elements that wrap text: b, i, a, span ...) and *points* (markup that
@@ -28,7 +30,7 @@ How, the way Bergamot carries HTML:
    escaped again.
 """
 
-from service.http.markup.layout import Document, read, sentences
+from service.http.markup.layout import Document, read, read_off_loop, sentences
 from service.http.markup.pipeline import from_pipeline, model_sentences, translate, write
 from service.http.markup.target import SentenceTranslation
 from service.http.markup.tree import (
@@ -61,6 +63,7 @@ __all__ = [
     "model_sentences",
     "parse",
     "read",
+    "read_off_loop",
     "sentences",
     "translate",
     "verbatim",

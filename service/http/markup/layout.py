@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import pairwise
 
 from service.http.markup.tree import (
@@ -21,8 +23,16 @@ from service.http.markup.tree import (
     parse,
     verbatim,
 )
+from service.serving.errors import RequestTooLarge
 from service.serving.input_text import clean_text, has_letters
+from service.serving.pipeline import off_loop
 from service.serving.sentences import SplitMode, split_text
+
+# Markup is read and written by pure Python that holds the GIL: threads cannot share that work
+# out, only take turns. One thread does it in turn (FIFO), so that the event loop competes with
+# one holder of the GIL, not several (measured: docs/reliability.md, "Markup parsed on the
+# event loop").
+MARKUP_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-markup")
 
 
 @dataclass
@@ -100,21 +110,54 @@ class Block:
 class Document:
     root: Block
     runs: list[Run]
+    chars: int = 0  # of the markup it was read from: what decides whether writing leaves the loop
 
     @property
     def plain_text(self) -> str:
         """What the markup says, for language detection."""
         return "\n".join(run.text for run in self.runs)
 
+    @cached_property
+    def model_sentences(self) -> list[str]:
+        """What the model reads: each sentence that has letters, on one line (the others are
+        written as they came)."""
+        return [
+            sentence.translate(LINE_BREAKS)
+            for run in self.runs
+            if run.needs_model
+            for start, end in run.sentences
+            if has_letters(sentence := run.text[start:end])
+        ]
 
-def read(texts: list[str], options: MarkupOptions) -> list[Document]:
+
+def read(
+    texts: list[str], options: MarkupOptions, max_sentences: int | None = None
+) -> list[Document]:
     """Parse and lay out each text; MarkupError for XML that cannot be read, InvalidInput for
-    text that is not Unicode (naming the text, as the pipeline does)."""
-    documents = []
+    text that is not Unicode (naming the text, as the pipeline does). With `max_sentences`
+    (NMT_MAX_SENTENCES_PER_REQUEST, which the pipeline would apply to these sentences),
+    RequestTooLarge as soon as the texts read so far pass it: a request far past the limit is
+    refused without parsing the rest."""
+    documents: list[Document] = []
+    sentences = 0
     for index, text in enumerate(texts):
         clean_text(text, index)  # a lone surrogate: refused before any parsing
-        documents.append(_Layout(options).document(parse(text, options.kind)))
+        document = _Layout(options).document(parse(text, options.kind), len(text))
+        documents.append(document)
+        sentences += len(document.model_sentences) if max_sentences is not None else 0
+        if max_sentences is not None and sentences > max_sentences:
+            raise RequestTooLarge(sentences, max_sentences, at_least=index + 1 < len(texts))
     return documents
+
+
+async def read_off_loop(
+    texts: list[str], options: MarkupOptions, max_sentences: int | None = None
+) -> list[Document]:
+    """read(), on a worker thread when the texts are long (pipeline.off_loop's rule): parsing
+    312 KB of markup takes seconds of CPU, which the event loop must not spend."""
+    return await off_loop(
+        sum(map(len, texts)), read, texts, options, max_sentences, executor=MARKUP_THREAD
+    )
 
 
 class _Layout:
@@ -128,9 +171,9 @@ class _Layout:
         self._structural: dict[int, bool] = {}
         self._has_text: dict[int, bool] = {}
 
-    def document(self, root: Element) -> Document:
+    def document(self, root: Element, chars: int) -> Document:
         block = self.block(root)
-        return Document(block, self.runs)
+        return Document(block, self.runs, chars)
 
     def block(self, element: Element) -> Block:
         """The element's children: structural ones as blocks, the rest gathered into runs."""

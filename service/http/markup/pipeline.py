@@ -3,23 +3,21 @@ and the documents written with the answer."""
 
 from __future__ import annotations
 
-import asyncio
 import html
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from service.http.markup.layout import Document
+from service.http.markup.layout import MARKUP_THREAD, Document
 from service.http.markup.target import SentenceTranslation, assemble
-from service.http.markup.tree import LINE_BREAKS
 from service.http.markup.writing import render, render_run
 from service.runtime.search import SearchOptions
 from service.serving.errors import InvalidInput, TranslationFailed
 from service.serving.input_text import has_letters
 from service.serving.pipeline import (
-    PREPARE_INLINE_CHARS,
     RequestResult,
     SentenceAlignment,
     TranslationService,
+    off_loop,
 )
 from service.serving.registry import LoadedModel
 from service.serving.word_alignment import WordAlignment
@@ -41,32 +39,28 @@ async def translate(
     client_gone: Callable[[], Awaitable[object]] | None = None,
 ) -> MarkupResult:
     """Every sentence of every document in one pipeline request, with alignment on; then each
-    run written with its tags placed."""
-    sources, owners = model_sentences(documents)
+    run written with its tags placed. Long documents are walked and written on a worker
+    thread (off_loop), as they were read."""
+    size = sum(document.chars for document in documents)
+    sources, owners = await off_loop(size, model_sentences, documents, executor=MARKUP_THREAD)
     if not sources:  # nothing but markup, numbers and symbols: the documents as they came
-        return MarkupResult(write(documents, []), 0, 0, 0)
+        texts = await off_loop(size, write, documents, [], executor=MARKUP_THREAD)
+        return MarkupResult(texts, 0, 0, 0)
     options = replace(options, alignment=True, n_best=1)
     result = await _translate_sentences(service, model, sources, owners, options, client_gone)
     found = from_pipeline(result)
-    if sum(map(len, sources)) > PREPARE_INLINE_CHARS:  # keep the event loop free
-        texts = await asyncio.to_thread(write, documents, found)
-    else:
-        texts = write(documents, found)
+    texts = await off_loop(size, write, documents, found, executor=MARKUP_THREAD)
     return MarkupResult(texts, result.sentences, result.input_tokens, result.output_tokens)
 
 
 def model_sentences(documents: list[Document]) -> tuple[list[str], list[int]]:
     """What the model reads: each sentence that has letters, on one line; and the index of the
     document it belongs to."""
-    sources, owners = [], []
+    sources: list[str] = []
+    owners: list[int] = []
     for owner, document in enumerate(documents):
-        for run in document.runs:
-            if not run.needs_model:  # written as it came
-                continue
-            for start, end in run.sentences:
-                if has_letters(sentence := run.text[start:end]):
-                    sources.append(sentence.translate(LINE_BREAKS))
-                    owners.append(owner)
+        sources += document.model_sentences
+        owners += [owner] * len(document.model_sentences)
     return sources, owners
 
 
@@ -111,9 +105,13 @@ async def _translate_sentences(
     options: SearchOptions,
     client_gone: Callable[[], Awaitable[object]] | None,
 ) -> RequestResult:
-    """The pipeline sees one text per sentence; its errors name the client's text instead."""
+    """The pipeline sees one text per sentence; its errors name the client's text instead.
+    Only the word alignment is read: no weights are built, and none count against
+    NMT_MAX_ALIGNMENT_WEIGHTS (the answer carries none)."""
     try:
-        return await service.translate(model, sources, options, client_gone, split="none")
+        return await service.translate(
+            model, sources, options, client_gone, split="none", alignment_weights=False
+        )
     except InvalidInput as error:
         index = error.location[-1]
         if error.kind != "too_many_tokens" or not isinstance(index, int):

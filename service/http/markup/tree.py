@@ -42,7 +42,9 @@ MAX_DEPTH = 100
 
 
 class MarkupError(ValueError):
-    """Markup that cannot be read (XML only: HTML is always read, as browsers read it)."""
+    """Markup that cannot be read: XML expat refuses, markup nested too deep, or HTML whose
+    `<script>` or `<style>` is never closed (a browser reads all the rest as script, so no text
+    after it would be translated, nor kept by every version of html.parser)."""
 
 
 @dataclass(frozen=True)
@@ -117,12 +119,29 @@ class _HtmlReader(HTMLParser):
         self.line_starts = [0, *(i + 1 for i, c in enumerate(source) if c == "\n")]
         self.root = Element("", {}, "", closed_by_start=True)
         self.stack = [self.root]
+        # Where the script or style whose end tag has not come yet started (line, column).
+        self.raw_text_at: tuple[int, int] | None = None
 
     def read(self) -> Element:
         self.feed(self.source)
         self.close()
+        self._check_raw_text_closed()
         self.slicer.event(len(self.source), None)
         return self.root
+
+    def _check_raw_text_closed(self) -> None:
+        """Refuse a script or style left open: what follows its start tag is its content up
+        to its end tag, so without one the rest of the text is script, not prose, and
+        Python 3.11's parser drops it at close() instead of reporting it."""
+        open_raw = next((e for e in self.stack if e.name in self.CDATA_CONTENT_ELEMENTS), None)
+        if open_raw is None:
+            return
+        line, column = self.raw_text_at or self.getpos()
+        raise MarkupError(
+            f"<{open_raw.name}> at line {line}, column {column + 1} is never closed: everything "
+            f"after it would be {open_raw.name} content, not text; close it with "
+            f"</{open_raw.name}>"
+        )
 
     def _here(self) -> int:
         line, column = self.getpos()
@@ -144,6 +163,8 @@ class _HtmlReader(HTMLParser):
         if not element.closed_by_start:
             self.stack.append(element)
             _check_depth(len(self.stack))
+        if tag in self.CDATA_CONTENT_ELEMENTS:
+            self.raw_text_at = self.getpos()
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         start = self.get_starttag_text() or ""
