@@ -65,7 +65,6 @@ COPY pyproject.toml README.md ./
 COPY *.py ./
 COPY service ./service
 COPY export ./export
-COPY bench ./bench
 COPY models/fr-en ./models/fr-en
 
 # One wheel of the project for both virtualenvs, then the bundle. The runtime user only reads it.

@@ -60,5 +60,10 @@ loadtest: $(BUNDLE)/bundle.json $(VENV)/.loadtest-installed
 	$(BIN)/python loadtest/run.py --model-dir $(BUNDLES) --users $(LOADTEST_USERS) \
 		--run-time $(LOADTEST_TIME) $(LOADTEST_ARGS)
 
+## Ours vs CTranslate2 vs transformers on the same weights (minutes; writes docs/benchmarks.md).
+## bench/ is not installed: it runs from the repository root. BENCH_ARGS adds its options.
+bench: $(VENV)/.dev-installed
+	$(BIN)/python -m bench.compare $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

@@ -1,7 +1,8 @@
 """`nmt`: the one command-line entry point.
 
 Subcommands import their side lazily: `train` and the torch paths need the `export` extra
-(torch); the serving side never imports it.
+(torch); the serving side never imports it. Benchmarks are not subcommands: bench/ is outside
+the product (not installed), run from a checkout as `python -m bench.compare` and the like.
 """
 
 from __future__ import annotations
@@ -228,13 +229,7 @@ def _cmd_export_marian(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from bench.compare import run_from_args
-
-    return run_from_args(args)
-
-
-def _add_marian_and_bench(subparsers: argparse._SubParsersAction) -> None:
+def _add_marian(subparsers: argparse._SubParsersAction) -> None:
     import_marian = subparsers.add_parser(
         "import-marian",
         help="a local Hugging Face Marian directory (opus-mt) -> our model directory",
@@ -254,18 +249,6 @@ def _add_marian_and_bench(subparsers: argparse._SubParsersAction) -> None:
     )
     export_marian.add_argument("--checkpoint", type=Path, default=Path("models/fr-en"))
     export_marian.add_argument("--out", type=Path, required=True, help="HF directory to write")
-
-    try:
-        from bench.compare import add_arguments  # argparse only: engines load in subprocesses
-    except ImportError:  # an install without the bench package: no `nmt bench`
-        return
-
-    bench = subparsers.add_parser(
-        "bench",
-        help="ours vs CTranslate2 vs transformers on the same weights (needs the bench extra)",
-        description="Side-by-side speed and peak memory; writes docs/benchmarks.md.",
-    )
-    add_arguments(bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -327,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--hyp", type=Path, help="translations to score instead")
     evaluate.add_argument("--ref", type=Path, required=True, help="reference translations")
     _add_serve(subparsers)
-    _add_marian_and_bench(subparsers)
+    _add_marian(subparsers)
     return parser
 
 
@@ -340,7 +323,6 @@ COMMANDS = {
     "serve": _cmd_serve,
     "import-marian": _cmd_import_marian,
     "export-marian": _cmd_export_marian,
-    "bench": _cmd_bench,
 }
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.reliability.server import ensure_bundle, running_server
+from bench.harness import ensure_bundle, running_server
 from bench.report import replace_section
 
 ROOT = Path(__file__).resolve().parent.parent

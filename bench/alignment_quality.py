@@ -260,33 +260,20 @@ def cross_attention(model: torch.nn.Module, source_ids: list[int], target_ids: l
     """Forced decoding: every decoder layer's cross-attention weights, [L, H, T+1, S].
 
     Row i is the step that writes target token i (the last row writes </s>), as in the
-    service. The weights are read where they are made, in each layer's cross-attention
-    `attend` call, so no graph or model code has to return them.
+    service. The model's own decode(all_attention=True) returns them: the same weights its
+    export hands the service, layer by layer.
     """
     import torch
 
     config = model.config
-    captured: list[torch.Tensor] = []
-    layers = [layer.cross_attn for layer in model.decoder_layers]
-    for attention in layers:
-
-        def recording(*args, _attend=attention.attend, **kwargs):
-            output, weights = _attend(*args, **kwargs)
-            captured.append(weights.detach())
-            return output, weights
-
-        attention.attend = recording
-    try:
-        source = torch.tensor([source_ids])
-        target_in = torch.tensor([[config.decoder_start_id, *target_ids]])
-        with torch.no_grad():
-            model(source, torch.ones_like(source, dtype=torch.bool), target_in)
-    finally:
-        for attention in layers:
-            del attention.attend  # back to the class's method
-    if len(captured) != len(layers):
-        raise RuntimeError(f"captured {len(captured)} cross-attentions for {len(layers)} layers")
-    return torch.stack([w[0] for w in captured]).float().numpy()
+    source = torch.tensor([source_ids])
+    source_mask = torch.ones_like(source, dtype=torch.bool)
+    target_in = torch.tensor([[config.decoder_start_id, *target_ids]])
+    with torch.no_grad():
+        cross = model.cross_keys_values(model.encode(source, source_mask))
+        past = model.empty_cache(1, source.device)
+        _, _, layers = model.decode(target_in, past, cross, source_mask, all_attention=True)
+    return torch.stack([w[0] for w in layers]).float().numpy()
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.reliability.server import ensure_bundle, running_server
+from bench.harness import ensure_bundle, running_server
 from bench.reliability.traffic import DISTINCT_SENTENCES, french_sentence, ms, percentile
 from bench.report import replace_section
 

@@ -4,7 +4,7 @@
 
 The cases are tests/data/markup/cases.jsonl: caption-like French sentences with inline tags,
 each with the English markup a careful human translator would write. Every case goes through
-the service's markup path (the LibreTranslate `format=html` route's, service/http/markup/)
+the service's markup path (the LibreTranslate `format=html` route's, service/documents/markup/)
 once; the same translations are then written a second time with the alignment withheld, so
 that every tag falls back to its relative position in the sentence: what the cross-attention
 buys over that baseline.
@@ -41,7 +41,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from bench.report import replace_section
-from service.http import markup
+from service.documents import markup
 from service.http.app import create_app
 from service.runtime.search import SearchOptions
 from service.serving.settings import Settings
@@ -281,8 +281,8 @@ def report(all_cases: list[dict], aligned: list[str], diagonal: list[str]) -> st
         *table,
         "",
         "Every output parses, with the same multiset of start tags as its input "
-        "(tests/test_markup.py checks this on every case). Where the service's tags differ "
-        "from the reference:",
+        "(tests/documents/test_markup.py checks this on every case). Where the service's tags "
+        "differ from the reference:",
         "",
         *misses,
     ]

@@ -39,12 +39,12 @@ from pathlib import Path
 
 import httpx
 
-from bench.reliability.server import ROOT, Server, ensure_bundle, free_port
+from bench import harness
+from bench.harness import ROOT, Server, ensure_bundle, free_port
 
 BIN = Path(sys.executable).parent
-READY_TIMEOUT_SECONDS = 180.0
 # Settings of every measured server: no cache (see the module docstring), no per-request log.
-SERVER_SETTINGS = {"NMT_CACHE_ENTRIES": "0", "NMT_ACCESS_LOG": "false"}
+SERVER_SETTINGS = {"cache_entries": "0", "access_log": "false"}
 
 
 def nginx_binary() -> str | None:
@@ -55,52 +55,17 @@ def nginx_binary() -> str | None:
 # --- servers -------------------------------------------------------------------------------
 
 
-def start_server(
-    model_dir: Path, log_dir: Path, threads: int, cpus: str | None = None, **settings: str
-) -> Server:
+def start_server(model_dir: Path, log_dir: Path, threads: int, cpus: str | None = None) -> Server:
     """`nmt serve` on a free loopback port; `cpus` pins it (taskset) to split the cores."""
-    port = free_port()
-    env = {
-        **os.environ,
-        **SERVER_SETTINGS,
-        "NMT_MODEL_DIR": str(model_dir),
-        "NMT_HOST": "127.0.0.1",
-        "NMT_PORT": str(port),
-        "NMT_THREADS": str(threads),
-        **settings,
-    }
-    command = [sys.executable, "-m", "nmt_cli", "serve"]
-    if cpus is not None:
-        command = ["taskset", "-c", cpus, *command]
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"server-{port}.log"
-    with open(log_path, "a") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    return Server(process, f"http://127.0.0.1:{port}", log_path, settings)
+    prefix = ["taskset", "-c", cpus] if cpus is not None else []
+    return harness.start_server(
+        model_dir, log_dir, prefix=prefix, threads=threads, **SERVER_SETTINGS
+    )
 
 
 def wait_for(server: Server, path: str) -> float:
     """Seconds until `path` answers 200 (the server is polled every 50 ms)."""
-    started = time.monotonic()
-    while True:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"server exited with {server.process.returncode}: {server.log_path}")
-        if time.monotonic() - started > READY_TIMEOUT_SECONDS:
-            raise RuntimeError(f"{server.url}{path} not 200 within {READY_TIMEOUT_SECONDS} s")
-        try:
-            if httpx.get(f"{server.url}{path}", timeout=2).status_code == 200:
-                return time.monotonic() - started
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-
-
-def stop_server(server: Server) -> int | None:
-    """SIGTERM, as the kubelet sends it; the exit code (0: drained), None if it had to be
-    killed after the server's own shutdown timeout and its margin had passed."""
-    if server.process.poll() is None:
-        server.signal_terminate()
-    return server.wait_exit(timeout=60)
+    return server.wait_for(path, every=0.05)
 
 
 def host_port(server: Server) -> str:
@@ -365,7 +330,7 @@ def rolling_restart(
             taken_out = time.monotonic()
             nginx.set_upstream("app", others)
             time.sleep(endpoint_delay_seconds)
-            exit_codes.append(stop_server(servers[index]))
+            exit_codes.append(servers[index].stop())
             stopped = time.monotonic()
             servers[index] = start_server(model_dir, out, threads=1)
             ready = wait_for(servers[index], "/readyz")
@@ -387,7 +352,7 @@ def rolling_restart(
         if nginx is not None:
             nginx.stop()
         for server in servers:
-            stop_server(server)
+            server.stop()
 
     stats = json.loads((out / "locust_stats.json").read_text())
     entries = read_access_log(out / "nginx" / "access.log")
@@ -577,7 +542,7 @@ def replicas(
             nginx.stop()
         for servers in layouts.values():
             for server in servers:
-                stop_server(server)
+                server.stop()
     return ReplicasReport(
         when=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         machine=machine(),
@@ -633,7 +598,7 @@ def cold_start(model_dir: Path, out: Path, repeats: int, threads: int) -> dict[s
             found = re.search(r"^nmt_model_load_seconds\{[^}]*\} ([0-9.e+-]+)$", metrics, re.M)
             result["model_load"].append(round(float(found.group(1)), 2) if found else float("nan"))
         finally:
-            stop_server(server)
+            server.stop()
     return result
 
 

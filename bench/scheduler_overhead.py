@@ -1,21 +1,15 @@
-"""The continuous scheduler's own work a turn, and a lone sentence through both schedulers.
+"""The decoding loop's own work a turn: what it does around each decoder step.
 
     .venv/bin/python -m bench.scheduler_overhead --model-dir build/models
 
-A lone client's request is a sentence decoded alone, so what the scheduler does around each
-decoder step is what continuous batching costs it over request-level batching (whose loop is
-`search`, with one check for abandoned rows a step). Two measurements, in one process, with
-the schedulers built as the server builds them (ModelRegistry, the same settings and metrics):
-
-* **The turn**: sentences one at a time through a ContinuousScheduler driven by `work_once`
-  on this thread; per turn that steps, its time less the engine step's (the step is the
-  RunningBatch's, as in `search`). Reported: median and mean (of the turns under the 99th
-  percentile) in µs, with the server's metrics and without.
-* **A lone sentence**: both servers' schedulers with their worker threads (and continuous
-  batching's encoder thread, as NMT_ENCODE_AHEAD=auto sets it), every sentence submitted to
-  one, awaited, then to the other, which goes first alternating; the ratio continuous over
-  request-level within each pair, its median and a 95% bootstrap interval of the median.
-  HTTP is left out: `bench.lone_client` measures the same through the servers.
+A lone client's request is a sentence decoded alone, so what the loop does around each decoder
+step (looking at the queue, abandoned rows, deadlines, its reports) is what it costs that
+request over a bare `search`. Sentences go one at a time through a ContinuousScheduler built
+as the server builds it (ModelRegistry, the same settings and limits), driven by `work_once`
+on this thread; per turn that steps, its time less the engine step's, as the loop itself
+reports it to its observer (`observe_step`'s seconds: the product's hook, no wrapping of its
+methods). Reported: median and mean (of the turns under the 99th percentile) in µs, with the
+server's metrics behind the observer and without them (the observer only keeps the times).
 
 Writes the "scheduler-overhead" section of docs/benchmarks.md. A benchmark, not a test.
 """
@@ -27,14 +21,14 @@ import asyncio
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
-import numpy as np
-
-from bench.lone_client import paired_summary
+from bench.harness import temporary_bundles
+from bench.load import MULTI30K_TEST, load_sentences
 from bench.report import opening, replace_section
-from bench.service_bench import MULTI30K_TEST, ensure_bundles, load_sentences
 from service.runtime.running_batch import RunningBatch, SearchOptions, running_batch
 from service.serving.continuous import ContinuousScheduler
 from service.serving.metrics import Metrics
@@ -45,10 +39,41 @@ SEARCHES = {"greedy": 1, "beam 4": 4}
 FAR = 3600.0  # a deadline nobody reaches
 
 
-def load(model_dir: Path, batching: str, threads: int) -> LoadedModel:
+class StepTimes:
+    """An observer of the loop that keeps each step's seconds and hands every report, steps
+    included, on to `metrics` (the server's), or drops them without it."""
+
+    def __init__(self, metrics: Metrics | None) -> None:
+        self.seconds: list[float] = []
+        self._metrics = metrics
+
+    def observe_step(
+        self,
+        model: str,
+        sentences: int,
+        rows: int,
+        reserved_tokens: int,
+        output_tokens: int,
+        seconds: float,
+    ) -> None:
+        self.seconds.append(seconds)
+        if self._metrics is not None:
+            self._metrics.observe_step(
+                model, sentences, rows, reserved_tokens, output_tokens, seconds
+            )
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        """Every other report of the observer protocol: the server's, or nothing."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._metrics is not None:
+            return getattr(self._metrics, name)
+        return lambda *args, **kwargs: None
+
+
+def load(model_dir: Path, threads: int) -> LoadedModel:
     registry = ModelRegistry(
-        Settings(model_dir=model_dir, batching=batching, threads=threads, cache_entries=0),
-        Metrics(),
+        Settings(model_dir=model_dir, threads=threads, cache_entries=0), Metrics()
     )
     registry.load_all()
     return registry.models[0]
@@ -59,23 +84,14 @@ async def turn_overheads(
 ) -> list[float]:
     """Seconds of each stepping turn of `work_once` outside the engine step, decoding the
     sentences one at a time on this thread."""
-    step_seconds: list[float] = []
+    engine = model.translator.engine
 
-    def timed_batch(beams: int) -> RunningBatch:
-        batch = running_batch(model.translator.engine, beams)
-        step = batch.step
+    def new_batch(beams: int) -> RunningBatch:
+        return running_batch(engine, beams)
 
-        def timed_step() -> list:
-            started = time.perf_counter()
-            finished = step()
-            step_seconds.append(time.perf_counter() - started)
-            return finished
-
-        batch.step = timed_step  # type: ignore[method-assign]
-        return batch
-
+    steps = StepTimes(metrics)
     scheduler = ContinuousScheduler(
-        model.name, timed_batch, model.scheduler.limits, metrics, encode_ahead=False
+        model.name, new_batch, model.scheduler.limits, steps, encode_ahead=False
     )
     options = SearchOptions(beam_size=beam)
     overheads: list[float] = []
@@ -83,35 +99,17 @@ async def turn_overheads(
         job = scheduler.submit([source], options, time.monotonic() + FAR)
         joining = True  # the first turn joins (encoder call and all): not a step's turn
         while True:
-            steps = len(step_seconds)
+            stepped_before = len(steps.seconds)
             started = time.perf_counter()
             stepped = scheduler.work_once()
             seconds = time.perf_counter() - started
             if not stepped:
                 break
-            if not joining and len(step_seconds) == steps + 1:
-                overheads.append(seconds - step_seconds[-1])
+            if not joining and len(steps.seconds) == stepped_before + 1:
+                overheads.append(seconds - steps.seconds[-1])
             joining = False
         await job.future
     return overheads
-
-
-async def lone_pairs(
-    models: dict[str, LoadedModel], sources: list[list[int]], beam: int
-) -> list[tuple[float, float]]:
-    """(request-level, continuous) seconds from submit to answer, per sentence."""
-    options = SearchOptions(beam_size=beam)
-    found = []
-    for number, source in enumerate(sources):
-        order = ("request", "continuous") if number % 2 == 0 else ("continuous", "request")
-        seconds = {}
-        for name in order:
-            started = time.perf_counter()
-            job = models[name].scheduler.submit([source], options, time.monotonic() + FAR)
-            await job.future
-            seconds[name] = time.perf_counter() - started
-        found.append((seconds["request"], seconds["continuous"]))
-    return found
 
 
 def summary(overheads: list[float]) -> tuple[float, float]:
@@ -121,31 +119,25 @@ def summary(overheads: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1e6, statistics.mean(kept) * 1e6
 
 
-def report(turns: dict, pairs: dict, setup: dict[str, str]) -> str:
-    rng = np.random.default_rng(0)
+def report(turns: dict, setup: dict[str, str]) -> str:
     lines = opening(
-        "The continuous scheduler's own work, and a lone sentence in process",
+        "The decoding loop's own work a turn",
         "bench.scheduler_overhead",
         f"; engine threads: {setup['threads']}; {setup['sentences']} sentences "
         f"{setup['source']}, one at a time",
     )
     lines += [
-        "- turn: one turn of the continuous loop (`work_once`) that steps, less the engine "
-        "step; µs, median and mean (below the 99th percentile)",
-        "- lone sentence: submitted to one scheduler and awaited, then to the other (first "
-        "one alternating); ratio continuous over request-level within each pair",
+        "- turn: one turn of the loop (`work_once`) that steps, less the engine step (as the "
+        "loop reports it to its observer); µs, median and mean (below the 99th percentile)",
         "",
-        "| search | turn, with metrics: median / mean µs | turn, no metrics: median / mean µs "
-        "| request-level p50 ms | continuous p50 ms | median ratio | 95% interval |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| search | turn, with metrics: median / mean µs | turn, no metrics: median / mean µs |",
+        "|---|---:|---:|",
     ]
     for name in SEARCHES:
         with_metrics, without = turns[name]
-        request, continuous, ratio, low, high = paired_summary(pairs[name], rng)
         lines.append(
             f"| {name} | {with_metrics[0]:.1f} / {with_metrics[1]:.1f} "
-            f"| {without[0]:.1f} / {without[1]:.1f} | {request:.2f} | {continuous:.2f} "
-            f"| {ratio:.3f}x | {low:.3f}x - {high:.3f}x |"
+            f"| {without[0]:.1f} / {without[1]:.1f} |"
         )
     lines += [
         "",
@@ -155,16 +147,14 @@ def report(turns: dict, pairs: dict, setup: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def measure(models: dict[str, LoadedModel], sources: list[list[int]]) -> tuple:
-    turns, pairs = {}, {}
-    continuous = models["continuous"]
+async def measure(model: LoadedModel, sources: list[list[int]]) -> dict:
+    turns = {}
     for name, beam in SEARCHES.items():
-        with_metrics = await turn_overheads(continuous, sources, beam, Metrics())
-        without = await turn_overheads(continuous, sources, beam, None)
+        with_metrics = await turn_overheads(model, sources, beam, Metrics())
+        without = await turn_overheads(model, sources, beam, None)
         turns[name] = (summary(with_metrics), summary(without))
-        pairs[name] = await lone_pairs(models, sources, beam)
         print(f"{name}: turn {turns[name]}", file=sys.stderr)
-    return turns, pairs
+    return turns
 
 
 def main() -> None:
@@ -177,15 +167,13 @@ def main() -> None:
     args = parser.parse_args()
     texts, source = load_sentences(args.sentences)
     with ExitStack() as stack:
-        model_dir = ensure_bundles(args.model_dir, stack)
-        models = {name: load(model_dir, name, args.threads) for name in ("request", "continuous")}
-        for model in models.values():
-            stack.callback(model.scheduler.close)
-        tokenizer = models["request"].translator.tokenizer
+        model = load(args.model_dir or temporary_bundles(stack), args.threads)
+        stack.callback(model.scheduler.close)
+        tokenizer = model.translator.tokenizer
         sources = tokenizer.encode((texts * (args.count // len(texts) + 1))[: args.count])
-        turns, pairs = asyncio.run(measure(models, sources))
+        turns = asyncio.run(measure(model, sources))
     setup = {"threads": str(args.threads), "sentences": str(len(sources)), "source": source}
-    text = report(turns, pairs, setup)
+    text = report(turns, setup)
     print(text)
     replace_section("scheduler-overhead", text, args.out)
 

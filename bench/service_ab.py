@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.service_ab --a NMT_ENCODE_AHEAD=true --b NMT_ENCODE_AHEAD=false
 
 Starts two `nmt serve` processes on the same bundle that differ only in the given settings
-(both continuous batching and one engine thread unless told otherwise), or in the code they
+(one engine thread unless told otherwise), or in the code they
 run (`--a-tree`: server A runs from another checkout, e.g. `git worktree add /tmp/before
 HEAD~1`; its `python -m nmt_cli` imports that tree's packages, the same virtual environment's
 dependencies), then sends the same
@@ -33,20 +33,18 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.service_bench import (
+from bench.harness import ROOT, Server, described, running_server, temporary_bundles
+from bench.load import (
     MULTI30K_TEST,
-    ROOT,
+    SERVED,
     Run,
-    Served,
     closed_loop,
-    ensure_bundles,
     load_sentences,
     measure,
     open_loop_work,
     paired_ratio_interval,
     percentile,
     play_in_chunks,
-    server,
     settings,
 )
 
@@ -70,14 +68,14 @@ def main() -> None:
 
     sentences, _ = load_sentences(MULTI30K_TEST)
     rng = random.Random(7)
-    base = {"batching": "continuous", "threads": "1"}
+    base = {**SERVED, "threads": "1"}
     configs = {"A": {**base, **settings(args.a)}, "B": {**base, **settings(args.b)}}
     with ExitStack() as stack:
-        model_dir = ensure_bundles(args.model_dir, stack)
+        model_dir = args.model_dir or temporary_bundles(stack)
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmt-ab-")))
         trees = {"A": args.a_tree or ROOT, "B": args.b_tree or ROOT}
         served = {
-            name: stack.enter_context(server(model_dir.resolve(), logs, c, tree=trees[name]))
+            name: stack.enter_context(running_server(model_dir.resolve(), logs, trees[name], **c))
             for name, c in configs.items()
         }
         os.nice(args.client_niceness)
@@ -100,7 +98,7 @@ def main() -> None:
     )
     print("|---|---|---|---:|---:|---:|---:|")
     for name, rounds in runs.items():
-        told = described(args, name)
+        told = servers_told(args)[name]
         cpu = " / ".join(
             f"{statistics.median(r.cpu_ms_per_request(part) for r in rounds):.2f}"
             for part in ("engine", "server", "client")
@@ -114,15 +112,13 @@ def main() -> None:
     sys.stdout.flush()
 
 
-def described(args: argparse.Namespace, name: str) -> str:
-    """Server `name`'s settings as told, and the checkout it ran from if not this one."""
-    told = " ".join(args.a if name == "A" else args.b) or "defaults"
-    tree = args.a_tree if name == "A" else args.b_tree
-    return f"{told} (from {tree})" if tree else told
+def servers_told(args: argparse.Namespace) -> dict[str, str]:
+    """Each server's settings as told, and the checkout it ran from."""
+    return {"A": described(args.a, args.a_tree), "B": described(args.b, args.b_tree)}
 
 
 def open_loop_ab(
-    served: dict[str, Served], sentences: list[str], rng: random.Random, args: argparse.Namespace
+    served: dict[str, Server], sentences: list[str], rng: random.Random, args: argparse.Namespace
 ) -> None:
     """The same Poisson arrivals to both servers, chunk by chunk in mirrored order."""
     work, arrivals = open_loop_work(rng, sentences, args.open_rate, args.open_seconds)
@@ -135,7 +131,7 @@ def open_loop_ab(
     print("| server | settings | answered | errors | mean ms | p50 | p95 | p99 | occupancy |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, run in runs.items():
-        told = described(args, name)
+        told = servers_told(args)[name]
         latencies = [1000 * latency for latency in run.latencies]
         print(
             f"| {name} | {told} | {run.requests} | {run.errors} | {statistics.mean(latencies):.1f} "

@@ -20,7 +20,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.service_bench import MULTI30K_TEST, ensure_bundles, load_sentences
+from bench.harness import temporary_bundles
+from bench.load import MULTI30K_TEST, load_sentences
 from service.runtime.bundle import load_bundle
 from service.runtime.engine import EngineOptions
 from service.runtime.running_batch import RunningBatch, Sentence, running_batch, step_together
@@ -42,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with ExitStack() as stack:
-        model_dir = ensure_bundles(args.model_dir, stack)
+        model_dir = args.model_dir or temporary_bundles(stack)
         options = EngineOptions(intra_op_threads=args.threads, spinning=False)
         translator = Translator(load_bundle(find_bundles(model_dir)[0]), options)
     texts, source = load_sentences(MULTI30K_TEST)

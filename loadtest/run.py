@@ -43,6 +43,10 @@ class Summary:
 
 
 def free_port() -> int:
+    """A loopback port nobody listens on now. loadtest/ keeps its own (as bench/harness.py and
+    tests/servers.py do theirs): `make loadtest` runs it as a script on a serving install with
+    the loadtest extra, where neither bench/ nor tests/ is importable, and the product has no
+    port to offer it."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -1,16 +1,31 @@
-"""`nmt bench` (bench/compare/) without engines: its options, the calls it makes, its report
-and chart from fixed results. The real run is `nmt bench`; it takes minutes."""
+"""`python -m bench.compare` without engines: its options, the calls it makes, its report and
+chart from fixed results. The real run takes minutes."""
 
 from __future__ import annotations
 
-import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
-from bench.compare import add_arguments
+import pytest
+import setuptools
+
+import nmt_cli
 from bench.compare.plot import svg_chart
+from bench.compare.profiling import collect_profile
 from bench.compare.report import speed_markdown, speed_rows
 from bench.compare.runners import ENGINES, SEARCHES
 from bench.compare.worker import _calls
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import EngineOptions
+from service.runtime.search import SearchOptions
+from service.runtime.translator import Translator
+from tests.conftest import ROOT
 
 
 def fixed_results() -> dict[str, dict]:
@@ -32,13 +47,37 @@ def fixed_results() -> dict[str, dict]:
     return results
 
 
-def test_nmt_bench_keeps_its_options() -> None:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    options = {o for action in parser._actions for o in action.option_strings}
-    assert options >= {"--checkpoint", "--data", "--sentences", "--repeat", "--threads"}
-    assert options >= {"--engines", "--work-dir", "--out", "--section", "--profile"}
-    assert "--parity-lines" in options
+def test_python_m_bench_compare_runs_from_the_repository_root_and_has_its_options() -> None:
+    # bench/ is not installed: `python -m` from the root is how it runs (and how it starts its
+    # engine workers); --help reads the options without loading any engine.
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.compare", "--help"],
+        cwd=ROOT,
+        env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.startswith("usage: python -m bench.compare")
+    for option in ("--checkpoint", "--engines", "--repeat", "--threads", "--parity-lines"):
+        assert option in done.stdout
+
+
+def test_the_product_neither_ships_nor_imports_the_benchmarks() -> None:
+    # Not in the wheel: setuptools' package list, as pyproject.toml configures it.
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = setuptools.find_packages(str(ROOT), include=find["packages"]["find"]["include"])
+    assert "service" in packages and "export" in packages
+    assert not [name for name in packages if name.split(".")[0] in ("bench", "tests")]
+    # Not a subcommand, and not imported by the CLI (in a fresh interpreter).
+    code = "import json, sys, nmt_cli; nmt_cli.build_parser(); print(json.dumps(list(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert not [name for name in json.loads(done.stdout) if name.split(".")[0] == "bench"]
+    with pytest.raises(SystemExit):
+        nmt_cli.build_parser().parse_args(["bench"])
 
 
 def test_engines_that_take_one_limit_a_call_get_sentences_grouped_by_limit() -> None:
@@ -53,7 +92,7 @@ def test_report_and_chart_show_every_engine_and_search() -> None:
     rows = speed_rows(fixed_results())
     setup = {"sentences": 10, "data": "test.fr", "mean_source": 12.0, "threads": 1}
     setup |= {"repeat": 1, "cpu": "cpu", "versions": {}, "checkpoint": "models/fr-en"}
-    markdown = speed_markdown(rows, setup, "nmt bench", "compare.svg")
+    markdown = speed_markdown(rows, setup, "python -m bench.compare", "compare.svg")
     assert "| ours fp32 | 1000 (1.00x) | 1000 (1.00x) | 1000 (1.00x) | 1000 (1.00x) |" in markdown
     assert "| transformers fp32 | 100 (0.10x) |" in markdown
     # Issue 14's targets: ours int8 500 tokens/s and 333 with the shortlist, CTranslate2 int8
@@ -105,3 +144,24 @@ def test_a_turn_taking_worker_times_every_pass_but_the_warm_up(monkeypatch) -> N
         assert len(run["seconds"]) == 2  # the warm-up pass is not among them
         assert run["outputs"] == [[6, 5], [7], [10, 9, 8]]
         assert run["tokens"] == 2 + 1 + 3 + 3  # every sentence's tokens and its </s>
+
+
+def test_the_engine_profiles_when_asked_and_the_profile_is_read_back(
+    fr_en_bundle: Path, tmp_path: Path
+) -> None:
+    # The --profile section: the engine's own switch (no patching of its sessions), one file a
+    # graph, read back into time inside the runs and by operator.
+    options = EngineOptions(intra_op_threads=1, profile_prefix=str(tmp_path / "run"))
+    translator = Translator(load_bundle(fr_en_bundle), options)
+    sources = translator.tokenizer.encode(["Un homme marche dans la rue."])
+    started = time.perf_counter()
+    translator.translate_ids(sources, SearchOptions(beam_size=2), 1)
+    profile = collect_profile(translator.engine, time.perf_counter() - started)
+    written = sorted(path.name.split("_20")[0] for path in tmp_path.glob("run-*.json"))
+    assert len(written) == 2 and written[0].startswith("run-decoder")
+    assert written[1] == "run-encoder"
+    assert 0 < profile["inside_run_s"] <= profile["wall_s"]
+    assert "MatMul" in dict(profile["ops_us"])
+    plain = Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
+    plain.translate_ids(sources, SearchOptions(), 1)
+    assert len(list(tmp_path.iterdir())) == 2  # profiling is off unless asked

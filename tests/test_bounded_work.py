@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from service.http.app import create_app
 from service.serving.settings import Settings
-from tests.test_http_server import running_server
+from tests.servers import running_server
 
 # What stalled /healthz for 1.2 to 1.8 s each before (docs/reliability.md, "Markup parsed on
 # the event loop"): 312 KB of "<" as HTML (all parsing, nothing to translate); 35,520 XML

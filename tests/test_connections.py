@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_http_server import running_server
+from tests.servers import running_server
 
 pytestmark = pytest.mark.usefixtures("model_dir")
 

@@ -13,19 +13,19 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
 import tomllib
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.conftest import FRENCH_SENTENCES, ROOT
+from tests.servers import free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -82,23 +82,6 @@ def image(pytestconfig: pytest.Config) -> str:
         with capture.global_and_fixture_disabled():
             reporter.write_line(f"\n{line}")
     return build["image"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout:.0f} s")
-        time.sleep(every)
 
 
 class Container:
@@ -196,9 +179,12 @@ def test_metrics_count_the_requests(container: Container) -> None:
     assert metric_value(metrics, "nmt_build_info", version=version) == 1
 
 
-def test_runs_as_a_non_root_user_without_torch(image: str, container: Container) -> None:
+def test_runs_as_a_non_root_user_without_torch_or_benchmarks(
+    image: str, container: Container
+) -> None:
     assert podman("exec", container.name, "id", "-u").stdout.strip() == "10001"
-    for module in ("torch", "transformers"):
+    # No torch, and nothing outside the product: the benchmarks and tests never enter the image.
+    for module in ("torch", "transformers", "bench", "tests"):
         result = podman("exec", container.name, "python3", "-c", f"import {module}", check=False)
         assert result.returncode != 0
         assert f"No module named '{module}'" in result.stderr

@@ -19,7 +19,7 @@ import pytest
 from nmt_contract import Hypothesis
 from service.runtime.running_batch import Finished, SearchOptions, Sentence
 from service.serving.continuous import ContinuousScheduler, _sentence
-from service.serving.errors import DeadlineExceeded
+from service.serving.errors import DeadlineExceeded, ShuttingDown
 from service.serving.metrics import Metrics
 from service.serving.scheduler import BatchLimits, BatchQueue, Job, Room, SentenceFailed
 
@@ -602,5 +602,28 @@ def test_closing_drains_what_is_queued_and_running_on_the_worker_thread():
         await asyncio.sleep(0)
         for n, job in enumerate(jobs, start=1):
             assert job.future.result() == [answer(sentence(n, n + 1))]
+
+    run(test)
+
+
+def test_close_finishes_admitted_work_and_then_refuses_more():
+    async def test():
+        h = Harness()
+        h.scheduler.start()
+        sources = [sentence(n) for n in range(4)]
+        job = h.submit("j", sources)
+        await asyncio.to_thread(h.scheduler.close, 30)
+        with pytest.raises(ShuttingDown):
+            h.submit("late", sources)
+        assert await job.future == [answer(source) for source in sources]
+
+    run(test)
+
+
+def test_an_empty_job_is_answered_at_once_without_the_worker():
+    async def test():
+        h = Harness()  # not started: no worker runs
+        assert await h.submit("empty", []).future == []
+        assert h.steps == [] and h.encoded == []
 
     run(test)

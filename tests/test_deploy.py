@@ -10,13 +10,9 @@ real Prometheus scraping it with the repository's scrape configuration.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import FRENCH_SENTENCES, ROOT
+from tests.servers import free_port, running_server, stop, wait_until
 
 COMPOSE = ROOT / "docker-compose.yml"
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
@@ -267,7 +264,9 @@ def test_dashboard_has_the_panels_operators_need() -> None:
         "nmt_request_duration_seconds",
         "nmt_queue_depth",
         "nmt_queue_wait_seconds",
-        "nmt_batch_sentences",
+        "nmt_batch_step_sentences",
+        "nmt_batch_forward_duration_seconds",
+        "nmt_capacity_sentences_per_second",
         "nmt_input_tokens",
         "nmt_output_tokens",
         "nmt_decode_steps",
@@ -299,6 +298,20 @@ def test_runtime_stage_is_lean_and_unprivileged() -> None:
     assert not re.search(r"\b(gcc|g\+\+|build-essential|python3-dev)\b", runtime)
 
 
+def test_the_image_is_built_from_the_product_only() -> None:
+    # Benchmarks and tests are outside the product: never in the build context, never copied
+    # (the wheel leaves bench/ out too: tests/test_bench_compare.py).
+    allowed = {
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    assert allowed == {"pyproject.toml", "README.md", "*.py", "service", "export", "models/fr-en"}
+    copies = re.findall(r"^COPY (?!--from)(.+)$", (ROOT / "Dockerfile").read_text(), re.M)
+    sources = {source for line in copies for source in line.split()[:-1]}
+    assert sources == {"pyproject.toml", "README.md", "*.py", "service", "export", "models/fr-en"}
+
+
 # --- CI ------------------------------------------------------------------------------------
 def test_ci_installs_the_tools_these_tests_skip_without() -> None:
     # A test that skips for a missing tool passes unseen: CI must have every one of them.
@@ -320,12 +333,6 @@ def test_ci_installs_the_tools_these_tests_skip_without() -> None:
 # --- live: a real server, a real Prometheus (slow) ------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def get(url: str, timeout: float = 10) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return response.read()
@@ -339,31 +346,6 @@ def post_json(url: str, body: dict[str, Any], timeout: float = 60) -> dict[str, 
         return json.loads(response.read())
 
 
-def wait_until(check: Any, timeout: float, what: str) -> Any:
-    """Call `check` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = check()
-        except OSError:
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.5)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory: pytest.TempPathFactory, committed_model: Path) -> Iterator[str]:
     """`nmt serve` on a free local port, over a bundle exported from the committed model."""
@@ -373,18 +355,8 @@ def live_server(tmp_path_factory: pytest.TempPathFactory, committed_model: Path)
         check=True,
         capture_output=True,
     )
-    port = free_port()
-    env = {**os.environ, "NMT_MODEL_DIR": str(models), "NMT_HOST": "127.0.0.1"}
-    env["NMT_PORT"] = str(port)
-    log = (models / "server.log").open("wb")
-    server = subprocess.Popen([BIN / "nmt", "serve"], env=env, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: server.poll() is None and get(f"{url}/readyz"), 120, "server ready")
-        yield url
-    finally:
-        stop(server)
-        log.close()
+    with running_server(models, tmp_path_factory.mktemp("server-logs")) as server:
+        yield server.url
 
 
 def translate(url: str, count: int) -> None:

@@ -17,8 +17,8 @@ from service.http import dependencies
 from service.http.app import create_app
 from service.serving.sentences import split_sentences
 from service.serving.settings import Settings
+from tests.servers import free_port
 from tests.test_http_api import start
-from tests.test_http_server import free_port
 
 SETTINGS = {
     "max_texts_per_request": 8,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from libretranslatepy import LibreTranslateAPI
 
-from tests.test_http_server import Server, running_server
+from tests.servers import Server, running_server
 
 KEY = "connector-key"
 

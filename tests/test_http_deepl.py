@@ -15,7 +15,7 @@ from service.runtime.bundle import load_bundle
 from service.runtime.engine import EngineOptions
 from service.runtime.search import SearchOptions
 from service.runtime.translator import Translator
-from tests.test_http_server import Server, running_server
+from tests.servers import Server, running_server
 
 TEXTS = ["Un homme fait du vélo.", "Deux chiens jouent dans la neige. Il fait froid."]
 

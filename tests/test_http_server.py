@@ -8,11 +8,7 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -24,70 +20,11 @@ from service.runtime.engine import EngineOptions
 from service.runtime.search import SearchOptions
 from service.runtime.translator import Translator
 from tests.conftest import FRENCH_SENTENCES, ROOT
+from tests.servers import SERVE, free_port, running_server
 
 SENTENCES = FRENCH_SENTENCES
 BEAM = 2
-SERVE = [sys.executable, "-m", "nmt_cli", "serve"]
 OPTIONS = SearchOptions(beam_size=BEAM, max_length=256)
-
-
-@dataclass
-class Server:
-    process: subprocess.Popen
-    url: str
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def running_server(model_dir: Path, log_dir: Path, **settings: object) -> Iterator[Server]:
-    """`nmt serve` with NMT_* settings, once /readyz says ready; stopped (SIGTERM) at the end."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "NMT_MODEL_DIR": str(model_dir),
-        "NMT_HOST": "127.0.0.1",
-        "NMT_PORT": str(port),
-        **{f"NMT_{name.upper()}": str(value) for name, value in settings.items()},
-    }
-    log_path = log_dir / f"server-{port}.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            SERVE,
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    server = Server(process, f"http://127.0.0.1:{port}", log_path)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, f"server exited early:\n{server.log()}"
-            assert time.monotonic() < deadline, f"server not ready in time:\n{server.log()}"
-            try:
-                if httpx.get(f"{server.url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        yield server
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -155,12 +92,11 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("server-logs")
 
 
-@pytest.mark.parametrize("batching", ["continuous", "request"])
 def test_64_concurrent_requests_match_sequential_translation_and_are_batched(
-    model_dir: Path, logs: Path, reference: dict[str, str], batching: str
+    model_dir: Path, logs: Path, reference: dict[str, str]
 ):
     # No cache: repeated sentences must reach the engine, whose batches are counted here.
-    settings = {"max_batch_wait_ms": 5, "cache_entries": 0, "batching": batching}
+    settings = {"cache_entries": 0}
     with running_server(model_dir, logs, **settings) as server:
         requests, expected = [], []
         for i in range(64):
@@ -205,13 +141,6 @@ def test_64_concurrent_requests_match_sequential_translation_and_are_batched(
         assert moved("nmt_queue_wait_seconds_count", model="fr-en") == sentences
         assert moved("nmt_decode_steps_total", model="fr-en") > 0
         assert sample(after, "nmt_queue_depth", model="fr-en") == 0
-        if batching == "request":
-            assert moved("nmt_batch_sentences_sum", model="fr-en") == sentences
-            batches = moved("nmt_batch_sentences_count", model="fr-en")
-            single = moved("nmt_batch_sentences_bucket", model="fr-en", le="1.0")
-            assert batches - single > 0, "no batch held more than one sentence"
-            assert batches < sentences / 2, f"{batches} batches for {sentences} sentences"
-            return
         assert moved("nmt_batch_joined_sentences_total", model="fr-en") == sentences
         assert moved("nmt_batch_left_sentences_total", model="fr-en", reason="finished") == (
             sentences
@@ -225,7 +154,6 @@ def test_a_full_queue_answers_429_with_retry_after_at_once(model_dir: Path, logs
     settings = {
         "max_queue_sentences": 2,
         "max_batch_size": 1,
-        "max_batch_wait_ms": 50,
         "retry_after_seconds": 3,
     }
     with running_server(model_dir, logs, **settings) as server:
@@ -282,7 +210,7 @@ def test_connections_past_nmt_max_connections_get_503_and_the_next_ones_are_serv
 
 
 def test_a_request_past_its_deadline_gets_504_and_its_work_is_dropped(model_dir: Path, logs: Path):
-    settings = {"request_timeout_seconds": 0.001, "max_batch_wait_ms": 200}
+    settings = {"request_timeout_seconds": 0.001}
     with running_server(model_dir, logs, **settings) as server:
         response = httpx.post(f"{server.url}/v1/translate", json=body(SENTENCES[0]), timeout=30)
         assert response.status_code == 504
@@ -298,7 +226,6 @@ def test_a_request_past_its_deadline_gets_504_and_its_work_is_dropped(model_dir:
         assert dropped == 1
         finished = {"model": "fr-en", "reason": "finished"}
         assert sample(samples, "nmt_batch_left_sentences_total", **finished) == 0
-        assert sample(samples, "nmt_batch_sentences_count", model="fr-en") == 0
         assert httpx.get(f"{server.url}/healthz").status_code == 200
 
 

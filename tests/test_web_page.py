@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_http_server import Server, running_server
+from tests.servers import Server, running_server
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (dev extra)")
 expect = playwright_api.expect

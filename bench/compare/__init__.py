@@ -1,6 +1,6 @@
 """Ours against CTranslate2 and transformers, on the same weights and the same sentences.
 
-    nmt bench --checkpoint models/fr-en            (or: python -m bench.compare ...)
+    python -m bench.compare --checkpoint models/fr-en      (from the repository root)
 
 One run prepares the three forms of one checkpoint (our ONNX bundle, fp32 + int8; the Hugging
 Face Marian directory from `nmt export-marian`; its CTranslate2 conversion by the stock

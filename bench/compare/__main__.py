@@ -1,4 +1,4 @@
-"""`python -m bench.compare`: the same as `nmt bench` (and the entry of the engine workers)."""
+"""`python -m bench.compare` (bench.compare.cli), and the entry of its engine workers."""
 
 import sys
 

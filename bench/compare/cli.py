@@ -1,4 +1,4 @@
-"""`nmt bench`: the options, the run from preparation to the written pages."""
+"""`python -m bench.compare`: the options, the run from preparation to the written pages."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def _default_data() -> Path:
 def _command(args: argparse.Namespace) -> str:
     """The command line that reproduces this run, as the report quotes it."""
     command = (
-        f"nmt bench --checkpoint {args.checkpoint} --sentences {args.sentences} "
+        f"python -m bench.compare --checkpoint {args.checkpoint} --sentences {args.sentences} "
         f"--repeat {args.repeat} --threads {args.threads}"
     )
     if args.engines != ",".join(ENGINES):

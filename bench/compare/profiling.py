@@ -1,30 +1,12 @@
-"""ONNX Runtime's profiler on our engine: where the decoding time goes, by operator type."""
+"""ONNX Runtime's profiler on our engine: where the decoding time goes, by operator type.
+
+The engine profiles when asked (`EngineOptions.profile_prefix`, the product's own switch);
+this module reads what the profiler wrote and reports it."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-
-def install_profiler(prefix: str) -> None:
-    """Every session our engine opens from now on profiles into `<prefix>-<graph>_*.json`
-    (the engine's own session settings otherwise)."""
-    import onnxruntime as ort
-
-    import service.runtime.engine as engine
-
-    def profiling_session(path, options: engine.EngineOptions) -> ort.InferenceSession:
-        settings = engine.session_options(options)
-        settings.enable_profiling = True
-        settings.profile_file_prefix = f"{prefix}-{Path(path).stem}"
-        return ort.InferenceSession(
-            str(path),
-            settings,
-            providers=["CPUExecutionProvider"],
-            disabled_optimizers=engine.DISABLED_OPTIMIZERS,
-        )
-
-    engine._session = profiling_session
 
 
 def collect_profile(engine, wall_seconds: float) -> dict:

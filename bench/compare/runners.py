@@ -58,6 +58,7 @@ class OursRunner:
             intra_op_threads=job["threads"],
             shortlist=spec.get("shortlist", False),
             in_place=spec.get("in_place", True),
+            profile_prefix=job.get("profile_prefix", ""),
         )
         self.translator = Translator(load_bundle(job["paths"]["bundle"]), options)
         # The engine falls back to the concatenating step for a bundle without the in-place
@@ -66,7 +67,7 @@ class OursRunner:
         if self.translator.engine.in_place != wants_in_place:
             raise SystemExit(
                 f"{job['paths']['bundle']} has no in-place decoder step: delete its folder "
-                "to have `nmt bench` export it again"
+                "to have `python -m bench.compare` export it again"
             )
 
     def translate(self, sources: list[list[int]], beam: int, limit: int) -> list[list[int]]:
@@ -106,7 +107,8 @@ class CTranslate2Runner:
             # CTranslate2 stops a sentence once beam_size * patience hypotheses have finished;
             # with its default (1) it stops earlier than Hugging Face's rule, which ours follows,
             # and returns shorter translations on some lines (docs/interop.md has the count).
-            # With 2 it searches as far as ours: the parity section of `nmt bench` checks it.
+            # With 2 it searches as far as ours: the parity section of `python -m bench.compare`
+            # checks it.
             patience=self.patience,
             use_vmap=self.vmap,
         )

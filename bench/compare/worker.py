@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.compare.profiling import collect_profile, install_profiler
+from bench.compare.profiling import collect_profile
 from bench.compare.runners import ENGINES, RUNNERS, Runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,8 +241,6 @@ def run_turns(job: dict, commands, answer) -> dict:
 
 def run_worker(job: dict) -> dict:
     """Load one engine and run every configuration of the job; in its own process."""
-    if job.get("profile_prefix"):
-        install_profiler(job["profile_prefix"])
     started = time.perf_counter()
     runner = RUNNERS[job["spec"]["engine"]](job)
     load_seconds = time.perf_counter() - started

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.harness import BUNDLES, ROOT, ensure_bundle
 from bench.reliability import (
     connection_attacks,
     deadlines,
@@ -36,7 +37,6 @@ from bench.reliability import (
     soak,
 )
 from bench.reliability.report import write_section
-from bench.reliability.server import BUNDLES, ROOT, ensure_bundle
 from bench.reliability.short import SHORT, markdown_short
 
 Runner = Callable[[Path, Path, argparse.Namespace], dict[str, Any]]

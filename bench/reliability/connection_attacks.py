@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
+from bench.harness import ROOT, Server, running_server
 from bench.reliability.report import table_head
-from bench.reliability.server import ROOT, Server, running_server
 from bench.reliability.traffic import translate_body
 
 PROBE_TIMEOUT = 10.0
@@ -284,6 +284,10 @@ attacker's address (127.0.0.1) and sends the legitimate requests from {OTHER_CLI
 
 {table_head(COLUMNS)}
 {chr(10).join(rows)}
+
+A 30 MB header "None": the client read no answer. The server answers 431 and closes once
+NMT_MAX_HEADER_BYTES have arrived, while this client is still writing, so its connection is
+reset before it reads (tests/test_connections.py reads that 431 from a client that stops).
 
 Every status counted (None: no HTTP answer within {PROBE_TIMEOUT:g} s):
 {detail}

@@ -18,8 +18,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.harness import running_server
 from bench.reliability.report import inline, lost_cell
-from bench.reliability.server import running_server
 
 # What each schemathesis check is about, for the report.
 SERVER_ERROR_CHECKS = {"not_a_server_error"}

@@ -20,8 +20,8 @@ import httpx
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
 
+from bench.harness import Server, running_server
 from bench.reliability.report import access_log_cell, inline, lat, lost_cell
-from bench.reliability.server import Server, running_server
 from bench.reliability.traffic import (
     JSON,
     HealthProber,

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from bench.reliability.server import ROOT, Server, running_server
+from bench.harness import ROOT, Server, running_server
 from bench.reliability.traffic import (
     JSON,
     HealthProber,

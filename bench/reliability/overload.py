@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
+from bench.harness import ROOT, running_server
 from bench.reliability.report import access_log_cell, inline, lat, lost_cell
-from bench.reliability.server import ROOT, running_server
 from bench.reliability.traffic import (
     JSON,
     HealthProber,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.reliability.server import ROOT
+from bench.harness import ROOT
 from bench.report import replace_section
 
 REPORT = ROOT / "docs" / "reliability.md"

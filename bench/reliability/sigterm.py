@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
+from bench.harness import Server, running_server
 from bench.reliability.report import inline, lost_cell
-from bench.reliability.server import Server, running_server
 from bench.reliability.traffic import (
     JSON,
     Outcome,

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
+from bench.harness import Server, running_server
 from bench.reliability.report import access_log_cell, inline, lost_cell
-from bench.reliability.server import Server, running_server
 from bench.reliability.traffic import (
     DISTINCT_SENTENCES,
     JSON,

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.reliability.server import Server
+from bench.harness import Server
 
 # 503 (not ready, shutting down) and 504 (past the deadline) are answers the server means to
 # give under load; any other 5xx is a fault.

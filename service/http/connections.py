@@ -14,7 +14,8 @@ Here, per connection:
 * headers larger than `max_header_bytes` get 431 and the connection closes;
 * at most `max_per_client` connections per client address are served (0: no cap; behind a
   proxy every client has the proxy's address); a request on a connection past the cap gets
-  429;
+  429, and such connections do not count against uvicorn's global cap, so that one client's
+  flood does not refuse everyone else;
 * health and metrics (`exempt_paths`) are answered whatever the connection count, so that an
   orchestrator's probe is never refused for what other clients do.
 
@@ -77,6 +78,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._over_client_cap = self.limits.per_client[host] >= self.limits.max_per_client
             self.limits.per_client[host] += 1
             self._counted_as = host
+            if self._over_client_cap:
+                # Not counted against NMT_MAX_CONNECTIONS (uvicorn counts this set): one
+                # client's excess must not push everyone else past the global cap.
+                self.connections.discard(self)
         self._start_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -142,6 +147,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._over_client_cap and self._counted_as is not None:
             still = self.limits.per_client[self._counted_as] > self.limits.max_per_client
             self._over_client_cap = still
+            if not still:  # within the cap now: an ordinary connection again
+                self.connections.add(self)
         return self._over_client_cap
 
     def _start_header_timer(self) -> None:

@@ -8,7 +8,7 @@ codes, `EN-GB`/`EN-US` as English targets; `{"translations": [{"detected_source_
 Retry-After, 456 when the character quota is used up, 503); `Authorization: DeepL-Auth-Key KEY`
 checked against NMT_API_KEYS when keys are configured. `tag_handling` `html` or `xml` (with
 `ignore_tags`, `splitting_tags`, `non_splitting_tags`, `outline_detection`) translates the
-text of the markup and carries its tags to the aligned words (service/http/markup/); XML it
+text of the markup and carries its tags to the aligned words (service/documents/markup/); XML it
 cannot read is DeepL's 400 "Tag handling parsing failed". What the models cannot honour is
 refused with DeepL's own wording (`formality` `more`/`less`, glossaries), or accepted and
 ignored where DeepL too treats it as a hint (`formality` `prefer_*`, `context`).
@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from service.http import markup
+from service.documents import markup
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
 from service.http.libretranslate import LANGUAGE_NAMES
 from service.http.middleware import admitted_at

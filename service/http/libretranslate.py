@@ -6,7 +6,7 @@ It answers as LibreTranslate does: JSON or form bodies; `q` a string or a list o
 `{"error": "..."}` with LibreTranslate's status codes and wording (400 for anything wrong with
 the request, 429 "Slowdown: ...") and, beyond what LibreTranslate has, 503 and 504 as in the
 native API. `format` "html" translates the text of the markup and carries its tags to the
-aligned words (service/http/markup/); `alternatives` are then empty lists, as LibreTranslate
+aligned words (service/documents/markup/); `alternatives` are then empty lists, as LibreTranslate
 answers for HTML.
 """
 
@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from service.http import markup
+from service.documents import markup
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
 from service.http.middleware import admitted_at
 from service.runtime.search import SearchOptions

@@ -22,6 +22,7 @@ import functools
 import itertools
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -51,6 +52,10 @@ class EngineOptions:
     # of passing the whole cache in and a copy one position longer out; rows that join later
     # need no padding. False: the concatenating decoder (for comparisons).
     in_place: bool = True
+    # ONNX Runtime's profiler (off: ""): every session this engine opens writes its events to
+    # `<profile_prefix>-<graph>_<time>.json`, read back by end_profiling(). For benchmarks
+    # asking where the time goes, by operator (bench/compare/profiling.py).
+    profile_prefix: str = ""
 
 
 def session_options(options: EngineOptions) -> ort.SessionOptions:
@@ -74,6 +79,9 @@ DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 def _session(path, options: EngineOptions) -> ort.InferenceSession:
     settings = session_options(options)
+    if options.profile_prefix:
+        settings.enable_profiling = True
+        settings.profile_file_prefix = f"{options.profile_prefix}-{Path(path).stem}"
     return ort.InferenceSession(
         str(path),
         settings,

@@ -3,8 +3,8 @@
 The search itself lives in running_batch.py: a `RunningBatch` decodes any set of sentences
 step by step, letting sentences join and leave between steps (the server's continuous
 batching uses it that way). Searching a fixed set is the special case where every sentence
-joins at step 0 and nobody joins later: that is `search` here, for the CLI, the benchmarks
-and request-level batching.
+joins at step 0 and nobody joins later: that is `search` here, for the CLI, the warm-up and
+the benchmarks.
 
 Unlike the torch reference (export/decoding.py), rows stop costing compute when they are
 done: finished greedy rows and finished beam sentences leave the batch (and their caches) at

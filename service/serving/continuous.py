@@ -29,8 +29,8 @@ sentence's cost, and on a CPU the decoder's steps gain little from a second intr
 `max_sentences` encoded sentences ahead of the joins (bounded memory); a sentence that joins
 before it was encoded is encoded by the decoding thread, as without it. A join that would
 take a sentence still being encoded waits for the next turn (once), the decoding thread
-stepping meanwhile instead of waiting for the encoder (measured with `python -m
-bench.decoder_thread` at 70% load: those waits were about 3% of its time). While nothing runs
+stepping meanwhile instead of waiting for the encoder (measured once at 70% load: those
+waits were about 3% of its time; docs/benchmarks.md, "Measured once"). While nothing runs
 there is no decoding to overlap with: the decoding thread joins what arrives at once and
 encodes it itself, so that a lone client's request is not handed from thread to thread.
 
@@ -77,7 +77,7 @@ ENCODE_GROUP = 4
 # next step together stacks again: one step after stacking is 0.83x at 5 rows, 0.95x-0.99x at
 # 10-12, 1.05x-1.14x at 20-32. A limit of 32 instead of 16 gave a worse p99 at 70% load on
 # the mix of greedy and beam 4 (515 against 437 ms, the same arrivals, side by side). With the
-# caches written in place, at 70% load (docs/service.md, "two scheduling knobs"): no limit
+# caches written in place, at 70% load (docs/serving-performance.md, "Tried and dropped"): no limit
 # 1.57x the mean latency of 16, never together 1.03x.
 STEP_TOGETHER_ROWS = 16
 
@@ -121,7 +121,7 @@ def _key(item: QueuedSentence) -> Hashable:
 
 
 class ContinuousScheduler(Scheduler):
-    """NMT_BATCHING=continuous (the default)."""
+    """The one decoding loop: sentences join and leave running batches between steps."""
 
     def __init__(
         self,

@@ -71,16 +71,63 @@ class DetectedLanguageNotServed(ServiceError):
 
 
 class InvalidInput(ServiceError):
-    """Input that passed the request schema but not a model-level limit (tokens per sentence).
+    """Input that passed the request schema but not a model-level check (Unicode, tokens per
+    sentence, a parameter the model cannot honour).
 
-    `location` follows pydantic's error locations, e.g. ("body", "text", 2).
+    Its fields, not its message, say what is wrong: `kind` (pydantic's error `type`), `field`
+    (the request field), `text_index` (which of the request's texts; None for the field as a
+    whole) and `reason` (what is wrong, said of that text or field). The message is built from
+    them, so that a layer which sends the pipeline other texts than the client's (markup sends
+    one text per sentence) names the client's text by building a new error from the fields,
+    never by parsing a message.
     """
 
     status = 422
 
-    def __init__(self, location: tuple[str | int, ...], message: str, kind: str) -> None:
-        self.location, self.message, self.kind = location, message, kind
-        super().__init__(message)
+    def __init__(
+        self, kind: str, reason: str, *, text_index: int | None = None, field: str = "text"
+    ) -> None:
+        self.kind, self.reason, self.text_index, self.field = kind, reason, text_index, field
+        super().__init__(self.message)
+
+    @property
+    def subject(self) -> str:
+        """What the reason is said of: `text[2]`, or the field's name."""
+        return self.field if self.text_index is None else f"{self.field}[{self.text_index}]"
+
+    @property
+    def message(self) -> str:
+        return f"{self.subject} {self.reason}"
+
+    @property
+    def location(self) -> tuple[str | int, ...]:
+        """pydantic's error location, e.g. ("body", "text", 2)."""
+        if self.text_index is None:
+            return ("body", self.field)
+        return ("body", self.field, self.text_index)
+
+
+class SentenceTooLong(InvalidInput):
+    """A sentence of more tokens than NMT_MAX_TOKENS_PER_SENTENCE. `sentence` is its number in
+    the text (from 1); None where the pipeline's sentences are not the client's (markup sends
+    each sentence as a text of its own), and the message then names the text alone."""
+
+    def __init__(self, text_index: int, tokens: int, limit: int, sentence: int | None) -> None:
+        self.tokens, self.limit, self.sentence = tokens, limit, sentence
+        # said of the sentence ("text[1], sentence 2, has ..."), or of the text
+        counted = f"has {tokens}" if sentence is not None else f"holds a sentence of {tokens}"
+        super().__init__(
+            "too_many_tokens",
+            f"{counted} tokens; the limit is {limit} tokens per sentence "
+            "(NMT_MAX_TOKENS_PER_SENTENCE): split it into shorter sentences",
+            text_index=text_index,
+        )
+
+    @property
+    def message(self) -> str:
+        if self.sentence is None:
+            return super().message
+        return f"{self.subject}, sentence {self.sentence}, {self.reason}"
 
 
 class RequestTooLarge(ServiceError):
@@ -90,6 +137,7 @@ class RequestTooLarge(ServiceError):
 
     def __init__(self, sentences: int, limit: int, at_least: bool = False) -> None:
         """`at_least`: counting stopped once past the limit (markup not parsed to its end)."""
+        self.sentences, self.limit, self.at_least = sentences, limit, at_least
         counted = f"at least {sentences}" if at_least else str(sentences)
         super().__init__(
             f"the request has {counted} sentences; the limit is {limit} sentences per request "
@@ -167,22 +215,6 @@ class Backlogged(ServiceError):
         return {"Retry-After": str(self.retry_after)}
 
 
-class Overloaded(ServiceError):
-    """Too many requests in flight at once (NMT_MAX_REQUESTS_IN_FLIGHT): refused before any
-    work, so that the answer is cheap when the server is busiest."""
-
-    status = 429
-
-    def __init__(self, limit: int, retry_after: int) -> None:
-        self.retry_after = retry_after
-        super().__init__(
-            f"the server is handling {limit} requests (NMT_MAX_REQUESTS_IN_FLIGHT): retry later"
-        )
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)}
-
-
 class QuotaExceeded(ServiceError):
     """The configured character quota (NMT_CHARACTER_LIMIT) is used up. 429 in the native
     and LibreTranslate APIs; DeepL's API says 456, as DeepL does."""
@@ -223,5 +255,5 @@ class TranslationFailed(InternalError):
     """The engine failed on one text of this request alone."""
 
     def __init__(self, text_index: int, reason: str) -> None:
-        self.text_index = text_index
+        self.text_index, self.reason = text_index, reason
         super().__init__(f"the engine could not translate text[{text_index}]: {reason}")

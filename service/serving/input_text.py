@@ -30,10 +30,10 @@ def clean_text(text: str, index: int) -> str:
     `index` is the text's position in the request, for the error's location."""
     if found := _SURROGATE.search(text):
         raise InvalidInput(
-            ("body", "text", index),
-            f"text[{index}] holds a lone surrogate (U+{ord(found.group()):04X}) at character "
-            f"{found.start()}: send valid Unicode (UTF-8)",
             "invalid_unicode",
+            f"holds a lone surrogate (U+{ord(found.group()):04X}) at character "
+            f"{found.start()}: send valid Unicode (UTF-8)",
+            text_index=index,
         )
     return _CONTROL.sub(" ", text)
 

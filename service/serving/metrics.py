@@ -42,7 +42,6 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SENTENCE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
-TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 # Decoder steps buffered before the worker puts them into their metrics itself (when nobody
 # scrapes): about 1 ms of its time every 256 steps, instead of 25 µs at each.
@@ -110,31 +109,9 @@ class Metrics:
         )
         self.queue_wait = Histogram(
             "nmt_queue_wait_seconds",
-            "time a sentence waited in the queue before its batch started (or it joined the "
-            "running batch)",
+            "time a sentence waited in the queue before it joined the running batch",
             ["model"],
             buckets=WAIT_BUCKETS,
-            registry=registry,
-        )
-        self.batch_sentences = Histogram(
-            "nmt_batch_sentences",
-            "sentences in one engine batch (request-level batching)",
-            ["model"],
-            buckets=SENTENCE_BUCKETS,
-            registry=registry,
-        )
-        self.batch_tokens = Histogram(
-            "nmt_batch_tokens",
-            "source tokens in one engine batch (request-level batching)",
-            ["model"],
-            buckets=TOKEN_BUCKETS,
-            registry=registry,
-        )
-        self.batch_duration = Histogram(
-            "nmt_batch_duration_seconds",
-            "engine time of one batch, encode and search (request-level batching)",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.input_tokens = Counter(
@@ -148,8 +125,7 @@ class Metrics:
         )
         self.decode_steps = Counter(
             "nmt_decode_steps",
-            "decoder steps run (request-level batching counts a batch's longest output, </s> "
-            "included)",
+            "decoder steps run",
             ["model"],
             registry=registry,
         )
@@ -261,24 +237,6 @@ class Metrics:
     # The scheduler's observer interface (see scheduler.BatchObserver).
     def observe_queue_depth(self, model: str, depth: int) -> None:
         self.queue_depth.labels(model).set(depth)
-
-    def observe_batch(
-        self,
-        model: str,
-        waits: list[float],
-        input_tokens: int,
-        output_tokens: int,
-        steps: int,
-        seconds: float,
-    ) -> None:
-        for wait in waits:
-            self.queue_wait.labels(model).observe(wait)
-        self.batch_sentences.labels(model).observe(len(waits))
-        self.batch_tokens.labels(model).observe(input_tokens)
-        self.batch_duration.labels(model).observe(seconds)
-        self.input_tokens.labels(model).inc(input_tokens)
-        self.output_tokens.labels(model).inc(output_tokens)
-        self.decode_steps.labels(model).inc(steps)
 
     def observe_join(
         self, model: str, waits: list[float], input_tokens: int, seconds: float

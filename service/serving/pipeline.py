@@ -30,6 +30,7 @@ from service.serving.errors import (
     InvalidInput,
     QuotaExceeded,
     RequestTooLarge,
+    SentenceTooLong,
     ShuttingDown,
     TranslationFailed,
 )
@@ -179,10 +180,10 @@ class TranslationService:
         layers = model.bundle.dims["decoder_layers"]
         if not -layers <= options.alignment_layer < layers:
             raise InvalidInput(
-                ("body", "alignment_layer"),
-                f"alignment_layer is {options.alignment_layer}; {model.name} has {layers} "
-                f"decoder layers: 0 to {layers - 1}",
                 "alignment_layer",
+                f"is {options.alignment_layer}; {model.name} has {layers} "
+                f"decoder layers: 0 to {layers - 1}",
+                field="alignment_layer",
             )
         characters = sum(len(text) for text in texts)
         quota = self.settings.character_limit
@@ -329,13 +330,7 @@ def _prepare(
         if len(ids) > limit:
             text = owners[position]
             number = slots[text].index(position)
-            raise InvalidInput(
-                ("body", "text", text),
-                f"text[{text}], sentence {number + 1}, has {len(ids)} tokens; the limit is "
-                f"{limit} tokens per sentence (NMT_MAX_TOKENS_PER_SENTENCE): split it into "
-                "shorter sentences",
-                "too_many_tokens",
-            )
+            raise SentenceTooLong(text, len(ids), limit, sentence=number + 1)
     return _Prepared(splits, sources, owners, slots)
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from service.runtime.bundle import Bundle, BundleError, load_bundle
 from service.runtime.engine import EngineOptions
 from service.runtime.running_batch import RunningBatch, running_batch, step_together
-from service.runtime.search import Abandoned, Hypothesis, SearchOptions
+from service.runtime.search import SearchOptions
 from service.runtime.translator import Translator
 from service.serving.continuous import ContinuousScheduler
 from service.serving.errors import UnknownPair
 from service.serving.metrics import Metrics
-from service.serving.scheduler import BatchLimits, BatchScheduler, Scheduler
+from service.serving.scheduler import BatchLimits
 from service.serving.settings import Settings
 
 log = logging.getLogger("nmt.registry")
@@ -32,7 +32,7 @@ WARMUP_SENTENCES = ["Bonjour.", "Un homme marche dans la rue avec son chien."]
 class LoadedModel:
     bundle: Bundle
     translator: Translator
-    scheduler: Scheduler
+    scheduler: ContinuousScheduler
     max_tokens_per_sentence: int  # the setting, capped by the model's positions
     load_seconds: float
 
@@ -138,37 +138,26 @@ class ModelRegistry:
         if settings.warmup:
             _warm_up(translator, settings.default_beam_size)
 
-        def run_batch(
-            sources: list[list[int]], options: SearchOptions, abandoned: Abandoned
-        ) -> list[list[Hypothesis]]:
-            return translator.translate_ids(sources, options, len(sources), abandoned)
-
         limits = BatchLimits(
             max_sentences=settings.max_batch_size,
-            max_tokens=settings.max_batch_tokens,
-            max_wait=settings.max_batch_wait_seconds,
             max_total_tokens=settings.max_batch_total_tokens,
             join_ratio=settings.join_ratio,
             join_max_steps=settings.join_max_steps,
             max_queued=settings.max_queue_sentences,
             retry_after=settings.retry_after_seconds,
         )
-        scheduler: Scheduler
-        if settings.batching == "continuous":
 
-            def new_batch(beam_size: int) -> RunningBatch:
-                return running_batch(translator.engine, beam_size)
+        def new_batch(beam_size: int) -> RunningBatch:
+            return running_batch(translator.engine, beam_size)
 
-            scheduler = ContinuousScheduler(
-                bundle.name,
-                new_batch,
-                limits,
-                self.metrics,
-                encode_ahead=settings.encodes_ahead,
-                step_together=step_together,
-            )
-        else:
-            scheduler = BatchScheduler(bundle.name, run_batch, limits, self.metrics)
+        scheduler = ContinuousScheduler(
+            bundle.name,
+            new_batch,
+            limits,
+            self.metrics,
+            encode_ahead=settings.encodes_ahead,
+            step_together=step_together,
+        )
         scheduler.start()
         seconds = time.monotonic() - started
         if self.metrics:

@@ -1,29 +1,15 @@
 """Dynamic batching: sentences of concurrent requests share the engine.
 
-Two schedulers share the event-loop side (`Scheduler`: a queue per model, admission with
-`QueueFull`, deadlines, cancellation, draining on shutdown) and differ in their worker:
+`Scheduler` is the event-loop side of the one decoding loop (service/serving/continuous.py):
+a queue per model, admission, deadlines, cancellation, draining on shutdown. Each request is a
+`Job`: its results come back in its own order whatever batches its sentences ran in. A job
+that is cancelled (client gone) or past its deadline leaves the queue at once, and its rows
+leave a running batch between two steps. If the engine fails, the sentences concerned are
+decoded again one by one so that only the culprit's job fails.
 
-* `ContinuousScheduler` (service/serving/continuous.py, the default): iteration-level
-  batching. Queued sentences join the running batch between two decoder steps and leave it as
-  soon as they end; a request is answered when its last sentence ends.
-* `BatchScheduler` (here, `NMT_BATCHING=request`): request-level batching. The worker takes
-  the oldest sentence, gathers the queued sentences that share its `SearchOptions`, up to
-  `max_sentences` and `max_tokens`, waiting at most `max_wait` after the oldest one arrived
-  for companions, and decodes them as one batch to the end. While it decodes, new sentences
-  pile up, so under load batches fill by themselves and nobody waits for the timer.
-
-  The wait is skipped while traffic is sequential, that is after a batch of one sentence: a
-  lone client would otherwise pay `max_wait` on every request for companions that never come
-  (docs/service.md measures what that costs). The first batch after a shared one waits again.
-
-Each request is a `Job`: its results come back in its own order whatever batches its sentences
-landed in. A job that is cancelled (client gone) or past its deadline leaves the queue at once,
-and its rows leave a running batch between two steps. If the engine fails, the sentences
-concerned are retried one by one so that only the culprit's job fails.
-
-`BatchQueue` is the batching policy (what is queued, which batch is due, when to wait, what
-expired), a plain object with no thread and no clock of its own, so it is tested with made-up
-times; the schedulers run it on a worker thread with a clock (injectable too).
+`BatchQueue` is the waiting queue (what is queued, who joins the running batches, what
+expired), a plain object with no thread and no clock of its own, so it is tested with
+made-up times; the loop runs it on a worker thread with a clock (injectable too).
 
 Admission is bounded twice: by the queue's length (`QueueFull`), and by time
 (service/serving/admission.py): a request the backlog would keep past its deadline is refused
@@ -53,27 +39,11 @@ from service.serving.errors import Backlogged, DeadlineExceeded, QueueFull, Shut
 
 log = logging.getLogger("nmt.scheduler")
 
-# (sources, options, abandoned) -> hypotheses per source; [] for a source `abandoned()` named
-# (by position) while its batch ran. See service.runtime.search.Abandoned.
-BatchRunner = Callable[
-    [list[list[int]], SearchOptions, Callable[[], list[bool]]], list[list[Hypothesis]]
-]
-
 
 class BatchObserver(Protocol):
     """What the scheduler reports (implemented by metrics.Metrics)."""
 
     def observe_queue_depth(self, model: str, depth: int) -> None: ...
-
-    def observe_batch(
-        self,
-        model: str,
-        waits: list[float],
-        input_tokens: int,
-        output_tokens: int,
-        steps: int,
-        seconds: float,
-    ) -> None: ...
 
     def observe_batch_failure(self, model: str) -> None: ...
 
@@ -114,18 +84,16 @@ class Room:
 
 @dataclass(frozen=True)
 class BatchLimits:
-    max_sentences: int = 32
-    max_tokens: int = 4096
-    max_wait: float = 0.005  # seconds
-    # Continuous batching: the running batch's reserved tokens, summed over its sentences:
-    # source + beams * length limit (TGI's max-batch-total-tokens).
+    max_sentences: int = 32  # in a running batch
+    # The running batch's reserved tokens, summed over its sentences: source + beams * length
+    # limit (TGI's max-batch-total-tokens).
     max_total_tokens: int = 16384
-    # Continuous batching: joining costs a copy of the batch's caches, so sentences join a
-    # running batch together, when as many can join (waiting, at most the free places) as
-    # join_ratio x those running, or once join_max_steps steps have passed since the last
-    # join (TGI's waiting_served_ratio and max_waiting_tokens). An empty batch takes them at
-    # once. 0.6 and 12 rather than 0.3 and 6: fewer joins cut the p99 at 70% load (0.77x of
-    # request-level's against 0.84x) and cost nothing at 8 or 32 clients (docs/service.md).
+    # Joining costs a copy of the batch's caches, so sentences join a running batch together,
+    # when as many can join (waiting, at most the free places) as join_ratio x those running,
+    # or once join_max_steps steps have passed since the last join (TGI's waiting_served_ratio
+    # and max_waiting_tokens). An empty batch takes them at once. 0.6 and 12 rather than 0.3
+    # and 6: fewer joins cut the p99 at 70% load and cost nothing at 8 or 32 clients
+    # (docs/service.md).
     join_ratio: float = 0.6
     join_max_steps: int = 12
     max_queued: int = 1024  # sentences waiting (not counting the batch being decoded)
@@ -209,7 +177,6 @@ class BatchQueue:
         self.model = model
         self.limits = limits
         self.items: deque[QueuedSentence] = deque()
-        self.last_batch_shared = True  # until a lone batch shows traffic is sequential
 
     def __len__(self) -> int:
         return len(self.items)
@@ -242,22 +209,6 @@ class BatchQueue:
             elif hopeless(item):
                 found[id(item.job)] = (item.job, True)
         return list(found.values())
-
-    def next_batch(self, now: float, closing: bool = False) -> tuple[list[QueuedSentence], float]:
-        """The batch due now, taken off the queue, or ([], seconds to wait before asking
-        again: 0 when the queue is empty, for "until something arrives")."""
-        if not self.items:
-            return [], 0.0
-        head = self.items[0]
-        batch, full = self._gather(head.job.options)
-        max_wait = self.limits.max_wait if self.last_batch_shared else 0.0
-        wait_left = head.enqueued + max_wait - now
-        if not (full or wait_left <= 0 or closing):
-            return [], wait_left
-        taken = {id(item) for item in batch}
-        self.items = deque(item for item in self.items if id(item) not in taken)
-        self.last_batch_shared = len(batch) > 1
-        return batch, 0.0
 
     def take_joiners(
         self,
@@ -301,27 +252,11 @@ class BatchQueue:
             self.items = deque(item for item in self.items if id(item) not in chosen)
         return taken
 
-    def _gather(self, options: SearchOptions) -> tuple[list[QueuedSentence], bool]:
-        """The oldest queued sentences decoded with `options`, within the batch limits.
-        `full` is True when the limits, not the queue, ended the batch."""
-        batch: list[QueuedSentence] = []
-        tokens = 0
-        for item in self.items:
-            if item.job.options != options:
-                continue
-            if batch and tokens + item.tokens > self.limits.max_tokens:
-                return batch, True
-            batch.append(item)
-            tokens += item.tokens
-            if len(batch) >= self.limits.max_sentences:
-                return batch, True
-        return batch, False
-
 
 class Scheduler:
-    """What both schedulers share: the event-loop side (submit, cancel, close), which never
-    waits for the model, and the bookkeeping of jobs under the lock. Subclasses provide the
-    worker (`_work`)."""
+    """The event-loop side (submit, cancel, close), which never waits for the model, and the
+    bookkeeping of jobs under the lock. The decoding loop (continuous.py) provides the worker
+    (`_work`)."""
 
     def __init__(
         self,
@@ -493,115 +428,6 @@ class Scheduler:
     def _report_dropped(self, reason: str, count: int) -> None:
         if self._observer:
             self._observer.observe_dropped(self.model, reason, count)
-
-
-class BatchScheduler(Scheduler):
-    """Request-level batching (NMT_BATCHING=request): a batch is decoded to its end before
-    the worker looks at the queue again."""
-
-    def __init__(
-        self,
-        model: str,
-        run_batch: BatchRunner,
-        limits: BatchLimits,
-        observer: BatchObserver | None = None,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        super().__init__(model, limits, observer, clock)
-        self._run_batch = run_batch
-
-    # Worker-thread side.
-
-    def _work(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            try:
-                self._run(batch)
-            except Exception as error:  # a bug here must not kill the worker: fail the batch
-                log.exception("batch worker error")
-                for item in batch:
-                    self._fail(item, error)
-
-    def _next_batch(self) -> list[QueuedSentence] | None:
-        with self._lock:
-            while True:
-                self._drop_expired()
-                batch, wait = self._queue.next_batch(self.clock(), self._closing)
-                if batch:
-                    self._joined(batch, self.clock())
-                    self._report_depth()
-                    return batch
-                if not self._queue and self._closing:
-                    return None
-                self._lock.wait(wait or None)
-
-    def _run(self, batch: list[QueuedSentence]) -> None:
-        batch = [item for item in batch if not item.job.closed]  # cancelled since gathered
-        if not batch:
-            return
-        options = batch[0].job.options
-        try:
-            self._translate(batch, options)
-        except Exception as error:  # the engine failed: find out which sentence it was
-            if self._observer:
-                self._observer.observe_batch_failure(self.model)
-            if len(batch) == 1:
-                self._fail(batch[0], error)
-                return
-            log.warning(
-                "batch of %d sentences failed (%s); retrying them one by one", len(batch), error
-            )
-            for item in batch:
-                if item.job.closed:
-                    continue
-                try:
-                    self._translate([item], options)
-                except Exception as single_error:
-                    self._fail(item, single_error)
-
-    def _translate(self, batch: list[QueuedSentence], options: SearchOptions) -> None:
-        started = self.clock()
-        sources = [item.job.sources[item.index] for item in batch]
-        for item in batch:
-            if item.job.started is None:
-                item.job.started = started
-
-        def abandoned() -> list[bool]:
-            """Between decoder steps: rows of requests that were cancelled (client gone, or
-            their deadline came and the pipeline gave up) or are past their deadline leave
-            the running batch instead of being decoded to the end for nobody."""
-            now = self.clock()
-            return [item.job.closed or item.job.deadline <= now for item in batch]
-
-        results = self._run_batch(sources, options, abandoned)
-        seconds = self.clock() - started
-        stopped = sum(not hypotheses for hypotheses in results)
-        if self._observer:
-            self._observer.observe_batch(
-                self.model,
-                waits=[started - item.enqueued for item in batch],
-                input_tokens=sum(len(s) for s in sources),
-                output_tokens=sum(len(r[0].tokens) for r in results if r),
-                steps=max((len(h.tokens) + 1 for r in results for h in r), default=0),
-                seconds=seconds,
-            )
-        self._report_dropped("abandoned_in_batch", stopped)
-        finished: list[Job] = []
-        expired: list[Job] = []
-        ended = self.clock()
-        with self._lock:
-            for item, hypotheses in zip(batch, results, strict=True):
-                job = item.job
-                if hypotheses:
-                    self._finished(item, ended)
-                if job.closed:
-                    continue
-                if not hypotheses:  # stopped midway: its deadline passed during the batch
-                    self._close_job(job)
-                    expired.append(job)
-                    continue
-                if self._record(item, hypotheses):
-                    finished.append(job)
-        self._answer(finished, expired)
 
 
 def _short(error: Exception, limit: int = 300) -> str:

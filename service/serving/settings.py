@@ -165,12 +165,7 @@ class Settings(BaseSettings):
         "than this many times in a row (0 = off)",
     )
 
-    # Dynamic batching and the queue
-    batching: Literal["continuous", "request"] = Field(
-        "continuous",
-        description="continuous: sentences join and leave the running batch between decoder "
-        "steps; request: a batch is decoded to its end before the next one starts",
-    )
+    # Continuous batching and the queue
     max_batch_size: int = Field(
         32, gt=0, description="sentences in one engine batch (or the running batch)"
     )
@@ -200,19 +195,6 @@ class Settings(BaseSettings):
         "encodes queued sentences while the running batch decodes (measured 1.05x-1.1x the "
         "requests/s with one engine thread, no gain with two on two cores); auto: on when "
         "the engine has one thread; false: the decoding thread encodes them when they join",
-    )
-    max_batch_tokens: int = Field(
-        4096,
-        gt=0,
-        description="request-level batching: source tokens in one engine batch (summed over "
-        "its sentences)",
-    )
-    max_batch_wait_ms: float = Field(
-        5.0,
-        ge=0,
-        description="request-level batching: how long the oldest waiting sentence may wait "
-        "for companions to fill a batch; skipped after a batch of one sentence (sequential "
-        "traffic)",
     )
     max_queue_sentences: int = Field(
         1024,
@@ -254,7 +236,3 @@ class Settings(BaseSettings):
     @property
     def api_key_list(self) -> list[str]:
         return [key.strip() for key in self.api_keys.get_secret_value().split(",") if key.strip()]
-
-    @property
-    def max_batch_wait_seconds(self) -> float:
-        return self.max_batch_wait_ms / 1000

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
 
-from service.http.markup.tree import (
+from service.documents.markup.tree import (
     HTML_BLOCKS,
     HTML_BREAKS,
     HTML_IGNORED,

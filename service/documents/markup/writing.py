@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from service.http.markup.layout import (
+from service.documents.markup.layout import (
     CORE_END,
     CORE_START,
     WORD_END,
@@ -17,9 +17,9 @@ from service.http.markup.layout import (
     Span,
     Word,
 )
-from service.http.markup.placement import place_points, place_spans
-from service.http.markup.target import Target
-from service.http.markup.tree import Element, verbatim
+from service.documents.markup.placement import place_points, place_spans
+from service.documents.markup.target import Target
+from service.documents.markup.tree import Element, verbatim
 
 
 @dataclass

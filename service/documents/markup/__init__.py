@@ -30,10 +30,10 @@ How, the way Bergamot carries HTML:
    escaped again.
 """
 
-from service.http.markup.layout import Document, read, read_off_loop, sentences
-from service.http.markup.pipeline import from_pipeline, model_sentences, translate, write
-from service.http.markup.target import SentenceTranslation
-from service.http.markup.tree import (
+from service.documents.markup.layout import Document, read, read_off_loop, sentences
+from service.documents.markup.pipeline import from_pipeline, model_sentences, translate, write
+from service.documents.markup.target import SentenceTranslation
+from service.documents.markup.tree import (
     HTML_BLOCKS,
     HTML_IGNORED,
     MAX_DEPTH,

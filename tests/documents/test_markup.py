@@ -9,6 +9,7 @@ and comments byte for byte."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import random
@@ -16,13 +17,16 @@ from collections import Counter
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import NoReturn
 from xml.etree import ElementTree
 
 import pytest
 from fastapi.testclient import TestClient
 
-from service.http import markup
-from service.http.markup import MarkupError, MarkupOptions, SentenceTranslation
+from service.documents import markup
+from service.documents.markup import MarkupError, MarkupOptions, SentenceTranslation
+from service.runtime.search import SearchOptions
+from service.serving.errors import SentenceTooLong, ServiceError, TranslationFailed
 from service.serving.settings import Settings
 from service.serving.word_alignment import WordAlignment
 from tests.conftest import ROOT
@@ -455,6 +459,49 @@ def test_junk_never_breaks_the_reader_nor_the_writer():
         assert_same_markup(markup.verbatim(markup.parse(text, "html")), output)
 
 
+class _Refusing:
+    """A pipeline that refuses the texts it is sent with the given error."""
+
+    def __init__(self, error: ServiceError) -> None:
+        self.error = error
+        self.texts: list[str] = []
+
+    async def translate(
+        self, model: object, texts: list[str], *_: object, **__: object
+    ) -> NoReturn:
+        self.texts = texts
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            SentenceTooLong(2, 300, 256, sentence=1),
+            "text[1] holds a sentence of 300 tokens; the limit is 256 tokens per sentence "
+            "(NMT_MAX_TOKENS_PER_SENTENCE): split it into shorter sentences",
+        ),
+        (
+            TranslationFailed(2, "onnxruntime failed"),
+            "the engine could not translate text[1]: onnxruntime failed",
+        ),
+    ],
+    ids=["sentence-too-long", "translation-failed"],
+)
+def test_an_error_of_the_pipeline_names_the_clients_text(error: ServiceError, message: str):
+    """Markup sends the pipeline one text per sentence: the error it gets back names the
+    pipeline's text 2, which is the client's text 1; the answer must name text 1."""
+    texts = ["<p>Un chat.</p>", "<p>Un chien.</p><p>Un <b>grand</b> chat.</p>"]
+    service, documents = _Refusing(error), markup.read(texts, HTML)
+    with pytest.raises(type(error)) as raised:
+        asyncio.run(markup.translate(service, None, documents, SearchOptions()))
+    assert service.texts == ["Un chat.", "Un chien.", "Un grand chat."]
+    assert str(raised.value) == message and raised.value.__cause__ is error
+    assert raised.value.text_index == 1
+    if isinstance(raised.value, SentenceTooLong):
+        assert raised.value.location == ("body", "text", 1)
+
+
 # --- The real model, through the app --------------------------------------------------------
 
 
@@ -549,8 +596,16 @@ def test_a_sentence_too_long_is_a_400_naming_the_text(client: TestClient):
     answer = client.post(
         "/translate", json={"q": texts, "source": "fr", "target": "en", "format": "html"}
     )
+    assert answer.status_code == 400  # the pipeline's text[2] is the client's text[1]
+    error = answer.json()["error"]
+    assert error.startswith("Invalid request: text[1] holds a sentence of "), error
+    assert "tokens per sentence (NMT_MAX_TOKENS_PER_SENTENCE)" in error
+    assert "sentence 1" not in error  # the pipeline's numbering, not the client's
+    answer = client.post(
+        "/v2/translate", json={"text": texts, "target_lang": "EN-GB", "tag_handling": "html"}
+    )
     assert answer.status_code == 400
-    assert answer.json()["error"].startswith("Invalid request: text[1] holds a sentence longer")
+    assert answer.json()["message"].startswith("text[1] holds a sentence of ")
 
 
 def test_markup_nested_too_deep_is_a_400_in_each_dialect(client: TestClient):

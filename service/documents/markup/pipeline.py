@@ -7,11 +7,11 @@ import html
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from service.http.markup.layout import MARKUP_THREAD, Document
-from service.http.markup.target import SentenceTranslation, assemble
-from service.http.markup.writing import render, render_run
+from service.documents.markup.layout import MARKUP_THREAD, Document
+from service.documents.markup.target import SentenceTranslation, assemble
+from service.documents.markup.writing import render, render_run
 from service.runtime.search import SearchOptions
-from service.serving.errors import InvalidInput, TranslationFailed
+from service.serving.errors import SentenceTooLong, TranslationFailed
 from service.serving.input_text import has_letters
 from service.serving.pipeline import (
     RequestResult,
@@ -105,24 +105,16 @@ async def _translate_sentences(
     options: SearchOptions,
     client_gone: Callable[[], Awaitable[object]] | None,
 ) -> RequestResult:
-    """The pipeline sees one text per sentence; its errors name the client's text instead.
-    Only the word alignment is read: no weights are built, and none count against
+    """The pipeline sees one text per sentence; its errors name the client's text instead,
+    rebuilt from their fields (`owners` maps the pipeline's text to the client's). Only the
+    word alignment is read: no weights are built, and none count against
     NMT_MAX_ALIGNMENT_WEIGHTS (the answer carries none)."""
     try:
         return await service.translate(
             model, sources, options, client_gone, split="none", alignment_weights=False
         )
-    except InvalidInput as error:
-        index = error.location[-1]
-        if error.kind != "too_many_tokens" or not isinstance(index, int):
-            raise
-        owner = owners[index]
-        raise InvalidInput(
-            ("body", "text", owner),
-            f"text[{owner}] holds a sentence longer than {model.max_tokens_per_sentence} "
-            "tokens (NMT_MAX_TOKENS_PER_SENTENCE): split it into shorter sentences",
-            error.kind,
-        ) from error
+    except SentenceTooLong as error:  # the pipeline's "sentence 1" is not the client's
+        owner = owners[error.text_index]
+        raise SentenceTooLong(owner, error.tokens, error.limit, sentence=None) from error
     except TranslationFailed as error:
-        reason = str(error).partition(": ")[2]
-        raise TranslationFailed(owners[error.text_index], reason) from error
+        raise TranslationFailed(owners[error.text_index], error.reason) from error

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from service.http.markup.layout import Run, Word, words
+from service.documents.markup.layout import Run, Word, words
 from service.serving.word_alignment import WordAlignment
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable
 
-from service.http.markup.layout import Run
-from service.http.markup.target import Target
+from service.documents.markup.layout import Run
+from service.documents.markup.target import Target
 
 
 def place_spans(run: Run, target: Target) -> list[tuple[int, int]]:

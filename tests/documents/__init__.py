@@ -1,0 +1,1 @@
+"""Tests of service/documents/: markup today, the document formats later."""
