@@ -526,3 +526,18 @@ def test_a_shortlist_serves_the_bundles_that_have_one_and_leaves_the_others(
         shortlisted.__exit__(None, None, None)
     warned = [r.getMessage() for r in caplog.records if "no vocabulary shortlist" in r.getMessage()]
     assert len(warned) == 1 and "de-fr" in warned[0]
+
+
+def test_a_405_names_every_method_its_path_serves(tmp_path: Path):
+    """RFC 9110: a 405's Allow lists the methods the target supports. GET and POST of a DeepL
+    path are two routes (one operationId each), and Starlette names only the first one's."""
+    client = TestClient(create_app(Settings(model_dir=tmp_path, warmup=False)))
+    for path, methods in [
+        ("/v2/languages", "GET, POST"),
+        ("/v2/usage", "GET, POST"),
+        ("/healthz", "GET, HEAD"),
+        ("/v1/translate", "POST"),
+    ]:
+        answer = client.request("DELETE", path)
+        assert answer.status_code == 405, path
+        assert answer.headers["allow"] == methods, path

@@ -114,10 +114,11 @@ RUNNERS: dict[str, Runner] = {
     "sigterm": lambda m, w, a: sigterm.run_sigterm(m, w),
     "soak": lambda m, w, a: soak.run_soak(m, w, a.minutes * 60, a.warmup_seconds, a.window_seconds),
     "setups": lambda m, w, a: setups.run_setups(m, w, a.seconds),
-    **loop_stall.RUNNERS,
 }
-# Measurements that compare this checkout with another: not part of `all`.
+# Measurements that compare this checkout with another (their sections show both): not part
+# of `all`, which would write them with one column.
 COMPARED: dict[str, Runner] = {
+    **loop_stall.RUNNERS,
     "deadlines": lambda m, w, a: deadlines.run_deadlines(m, w, a.before_tree, a.seconds),
     "connections": lambda m, w, a: connection_attacks.run_compared(m, w, a.before_tree),
 }

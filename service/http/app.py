@@ -174,10 +174,21 @@ async def _http_error(request: Request, error: Exception) -> Response:
             reason = str(error.detail)
         return await _unreadable_body(request, f"the body is not valid JSON: {reason}")
     request.state.error = str(error.detail)
+    if error.status_code == 405:
+        named = (error.headers or {}).get("Allow", "")
+        error.headers = {**(error.headers or {}), "Allow": _allowed_methods(request, named)}
     key = request.app.state.error_key(request.url.path)
     if key == "detail":
         return await http_exception_handler(request, error)
     return JSONResponse({key: error.detail}, error.status_code, headers=error.headers)
+
+
+def _allowed_methods(request: Request, named: str) -> str:
+    """Every method the OpenAPI document gives this path (RFC 9110's Allow for a 405), or what
+    Starlette `named`: it names only the first matching route's, and GET and POST of a path
+    are routes of their own here (one operationId each)."""
+    documented = request.app.openapi().get("paths", {}).get(request.url.path, {})
+    return ", ".join(sorted(method.upper() for method in documented)) or named
 
 
 # The route dependencies that check an API key.
