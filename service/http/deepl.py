@@ -17,20 +17,18 @@ docs/compatibility.md lists every field.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException
 
 from service.documents import markup
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
+from service.http.dialect import BodyWording, Dialect, DialectError, read_body
 from service.http.libretranslate import LANGUAGE_NAMES
 from service.http.middleware import admitted_at
 from service.runtime.search import SearchOptions
-from service.serving.access import ApiKeys
 from service.serving.errors import (
     InternalError,
     InvalidApiKey,
@@ -59,13 +57,8 @@ TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")
 BOOLEANS = {"1": True, "true": True, "0": False, "false": False}
 
 
-class DeepLError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        self.status, self.message, self.headers = status, message, headers
-        super().__init__(message)
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"message": self.message}, self.status, headers=self.headers)
+class DeepLError(DialectError):
+    key = "message"
 
 
 def build_router(settings: Settings) -> APIRouter:
@@ -79,7 +72,9 @@ def build_router(settings: Settings) -> APIRouter:
         responses={status: _error_doc(why) for status, why in DEEPL_ERRORS.items()},
     )
     async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
-        return await _answer(request, keys, lambda fields: _translate(service, request, fields))
+        return await DEEPL.answer(
+            request, keys, lambda fields: _translate(service, request, fields)
+        )
 
     # DeepL answers both GET and POST here. One route per method, so that each has an
     # operationId of its own in /openapi.json (client generators reject duplicates).
@@ -114,7 +109,7 @@ def _languages_route():
                 raise DeepLError(400, "Value for 'type' not supported.")
             return JSONResponse(_language_list(service, kind))
 
-        return await _answer(request, keys, answer)
+        return await DEEPL.answer(request, keys, answer)
 
     return languages
 
@@ -128,60 +123,38 @@ def _usage_route(settings: Settings):
                 {"character_count": service.characters_translated, "character_limit": limit}
             )
 
-        return await _answer(request, keys, answer)
+        return await DEEPL.answer(request, keys, answer)
 
     return usage
 
 
-async def _answer(
-    request: Request, keys: ApiKeys, respond: Callable[[dict[str, Any]], Awaitable[JSONResponse]]
-) -> JSONResponse:
-    """Read the fields, check the key, respond; every failure in DeepL's format."""
-    try:
-        try:
-            fields = await _read_fields(request)
-        except DeepLError:  # a body that cannot be read holds no key: the header's goes first
-            keys.check(header_key(request))
-            raise
-        auth_key = fields.get("auth_key")  # DeepL's deprecated form field
-        presented = header_key(request) or (auth_key if isinstance(auth_key, str) else None)
-        keys.check(presented)
-        return await respond(fields)
-    except DeepLError as error:
-        request.state.error = error.message
-        return error.response()
-    except ServiceError as error:
-        deepl_error = _as_deepl_error(error, request)
-        request.state.error = deepl_error.message
-        return deepl_error.response()
+DEEPL_BODY = BodyWording(
+    invalid_json="Invalid JSON in the request body.",
+    not_an_object="The request body must be a JSON object.",
+    unreadable_form="Invalid form data in the request body: {detail}",
+)
 
 
 async def _read_fields(request: Request) -> dict[str, Any]:
-    """JSON, urlencoded or multipart form (a repeated `text` becomes a list); the query string
-    fills in the rest (DeepL's GET endpoints take their parameters there, and the official
-    client sends `type` in a GET body)."""
+    """JSON, urlencoded or multipart form (a repeated `text` becomes a list) over the query
+    string (DeepL's GET endpoints take their parameters there, and the official client sends
+    `type` in a GET body)."""
     fields: dict[str, Any] = dict(request.query_params)
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "application/json" or content_type.endswith("+json"):
-        try:
-            data = json.loads(await request.body() or b"{}")
-        except (ValueError, RecursionError):
-            raise DeepLError(400, "Invalid JSON in the request body.") from None
-        if not isinstance(data, dict):
-            raise DeepLError(400, "The request body must be a JSON object.")
-        fields.update(data)
-    elif content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        try:
-            form = await request.form()
-        except HTTPException as error:  # Starlette's 400 for a form it cannot read
-            raise DeepLError(
-                400, f"Invalid form data in the request body: {error.detail}"
-            ) from None
-        for name in set(form.keys()):
-            values = [v for v in form.getlist(name) if isinstance(v, str)]
+    body = await read_body(request, DeepLError, DEEPL_BODY, empty_json="{}")
+    if isinstance(body, dict):
+        fields.update(body)
+    elif body is not None:
+        for name in set(body.keys()):
+            values = [v for v in body.getlist(name) if isinstance(v, str)]
             if values:
                 fields[name] = values if name in ("text", *TAG_LISTS) else values[-1]
     return fields
+
+
+def _presented_key(request: Request, fields: dict[str, Any]) -> str | None:
+    """A header's key, else DeepL's deprecated `auth_key` form field."""
+    auth_key = fields.get("auth_key")
+    return header_key(request) or (auth_key if isinstance(auth_key, str) else None)
 
 
 async def _translate(
@@ -402,3 +375,6 @@ _REQUEST_BODY = {
         "application/x-www-form-urlencoded": {"schema": {"type": "object"}},
     }
 }
+
+
+DEEPL = Dialect(DeepLError, _read_fields, _presented_key, _as_deepl_error)

@@ -12,19 +12,16 @@ answers for HTML.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException
 
 from service.documents import markup
 from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
+from service.http.dialect import BodyWording, Dialect, DialectError, read_body
 from service.http.middleware import admitted_at
 from service.runtime.search import SearchOptions
-from service.serving.access import ApiKeys
 from service.serving.errors import (
     InternalError,
     InvalidApiKey,
@@ -47,13 +44,8 @@ LANGUAGE_NAMES = {
 PATHS = frozenset({"/translate", "/detect", "/languages", "/frontend/settings"})
 
 
-class LibreError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        self.status, self.message, self.headers = status, message, headers
-        super().__init__(message)
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": self.message}, self.status, headers=self.headers)
+class LibreError(DialectError):
+    key = "error"
 
 
 # LibreTranslate's statuses, each with an {"error": "..."} body.
@@ -130,7 +122,7 @@ def build_router(settings: Settings) -> APIRouter:
         },
     )
     async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
-        return await _answer(
+        return await LIBRE.answer(
             request, keys, lambda fields: _translate(service, settings, request, fields)
         )
 
@@ -157,7 +149,7 @@ def build_router(settings: Settings) -> APIRouter:
                 )
             return JSONResponse(found if isinstance(q, list) else found[0])
 
-        return await _answer(request, keys, respond)
+        return await LIBRE.answer(request, keys, respond)
 
     @router.get("/frontend/settings", summary="LibreTranslate-compatible front-end settings")
     async def frontend_settings(service: ServiceDep) -> JSONResponse:
@@ -197,57 +189,33 @@ def build_router(settings: Settings) -> APIRouter:
     return router
 
 
+LIBRE_BODY = BodyWording(
+    invalid_json="Invalid JSON format",
+    not_an_object="Invalid JSON format",
+    unreadable_form="Invalid request: unreadable form body: {detail}",
+)
+
+
 async def _read_fields(request: Request) -> dict[str, Any]:
-    """JSON, urlencoded or multipart form; query parameters fill in what the body lacks."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "application/json" or content_type.endswith("+json"):
-        try:
-            data = json.loads(await request.body() or b"null")
-        # ValueError covers JSONDecodeError, bad UTF-8 and integers past Python's digit limit;
-        # RecursionError, JSON nested deeper than the parser's stack.
-        except (ValueError, RecursionError):
-            raise LibreError(400, "Invalid JSON format") from None
-        if not isinstance(data, dict):
-            raise LibreError(400, "Invalid JSON format")
-        return data
+    """A JSON body as it is; a urlencoded or multipart form over the query parameters."""
+    body = await read_body(request, LibreError, LIBRE_BODY, empty_json="null")
+    if isinstance(body, dict):
+        return body
     fields: dict[str, Any] = dict(request.query_params)
-    if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        try:
-            form = await request.form()
-        except HTTPException as error:  # Starlette's 400 for a form it cannot read
-            raise LibreError(
-                400, f"Invalid request: unreadable form body: {error.detail}"
-            ) from None
-        fields.update({k: v for k, v in form.items() if isinstance(v, str)})
+    if body is not None:
+        fields.update({k: v for k, v in body.items() if isinstance(v, str)})
         # Form bodies get LF line endings, as LibreTranslate does for its character limit.
         if isinstance(fields.get("q"), str):
             fields["q"] = "\n".join(fields["q"].splitlines())
     return fields
 
 
-async def _answer(
-    request: Request, keys: ApiKeys, respond: Callable[[dict[str, Any]], Awaitable[JSONResponse]]
-) -> JSONResponse:
-    """Read the fields, check the key (`api_key`, or a header), respond; every failure in
-    LibreTranslate's format."""
-    try:
-        try:
-            fields = await _read_fields(request)
-        except LibreError:  # a body that cannot be read holds no key: the header's goes first
-            keys.check(header_key(request))
-            raise
-        api_key = fields.get("api_key")
-        if api_key is not None and not isinstance(api_key, str):
-            raise LibreError(400, "Invalid request: api_key must be a string")
-        keys.check(api_key or header_key(request))
-        return await respond(fields)
-    except LibreError as error:
-        request.state.error = error.message
-        return error.response()
-    except ServiceError as error:
-        libre = _as_libre_error(error, request)
-        request.state.error = libre.message
-        return libre.response()
+def _presented_key(request: Request, fields: dict[str, Any]) -> str | None:
+    """LibreTranslate's `api_key` field, else a header's key."""
+    api_key = fields.get("api_key")
+    if api_key is not None and not isinstance(api_key, str):
+        raise LibreError(400, "Invalid request: api_key must be a string")
+    return api_key or header_key(request)
 
 
 def _check_limits(texts: list[str], settings: Settings) -> None:
@@ -410,3 +378,6 @@ def _as_libre_error(error: ServiceError, request: Request) -> LibreError:
     elif isinstance(error, InternalError):
         message = f"{error} (request id {request.state.request_id})"
     return LibreError(status, message, error.headers() or None)
+
+
+LIBRE = Dialect(LibreError, _read_fields, _presented_key, _as_libre_error)
