@@ -128,3 +128,18 @@ def tiny_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory)
     out = tmp_path_factory.mktemp("bundle") / "tiny"
     export_bundle(tiny_checkpoint, out, int8=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(fr_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of bundles for `nmt serve` (NMT_MODEL_DIR): the committed fr-en one. A module
+    that serves others defines its own."""
+    folder = tmp_path_factory.mktemp("served")
+    (folder / "fr-en").symlink_to(fr_en_bundle, target_is_directory=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the servers a module starts write their logs."""
+    return tmp_path_factory.mktemp("server-logs")

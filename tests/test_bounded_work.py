@@ -6,7 +6,6 @@ without being parsed to its end."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.reliability.traffic import HealthProber
 from service.http.app import create_app
 from service.serving.settings import Settings
 from tests.servers import running_server
@@ -33,46 +33,6 @@ PROBE_INTERVAL_SECONDS = 0.02
 MOST_PROBE_SECONDS = 0.5
 
 
-class HealthProbes:
-    """GET /healthz every 20 ms from a thread with its own connection: how long each took."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.answered: list[tuple[float, float]] = []  # (sent at, seconds), status 200 only
-        self.failed = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> HealthProbes:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30) as client:
-            while not self._stop.is_set():
-                sent = time.monotonic()
-                try:
-                    ok = client.get("/healthz").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    self.answered.append((sent, time.monotonic() - sent))
-                else:
-                    self.failed += 1
-                self._stop.wait(PROBE_INTERVAL_SECONDS)
-
-
-@pytest.fixture(scope="module")
-def model_dir(fr_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("served")
-    (folder / "fr-en").symlink_to(fr_en_bundle, target_is_directory=True)
-    return folder
-
-
 def test_healthz_answers_while_markup_is_parsed_and_written(
     model_dir: Path, tmp_path: Path
 ) -> None:
@@ -88,7 +48,10 @@ def test_healthz_answers_while_markup_is_parsed_and_written(
         def post(path: str, body: dict) -> httpx.Response:
             return httpx.post(f"{server.url}{path}", json=body, timeout=120)
 
-        with HealthProbes(server.url) as probes, ThreadPoolExecutor(len(heavy)) as pool:
+        with (
+            HealthProber(server.url, PROBE_INTERVAL_SECONDS) as probes,
+            ThreadPoolExecutor(len(heavy)) as pool,
+        ):
             time.sleep(0.3)
             started = time.monotonic()
             answers = list(pool.map(lambda request: post(*request), heavy))
@@ -98,8 +61,9 @@ def test_healthz_answers_while_markup_is_parsed_and_written(
     assert "NMT_MAX_SENTENCES_PER_REQUEST" in answers[1].json()["message"]
     assert len(answers[2].json()["translations"]) == 64
     # Every probe that was waiting at some moment while the markup requests were in flight.
-    during = [s for sent, s in probes.answered if sent <= ended and sent + s >= started]
-    assert probes.failed == 0
+    answered = [(o.sent_at, o.seconds) for o in probes.outcomes if o.status == 200]
+    during = [s for sent, s in answered if sent <= ended and sent + s >= started]
+    assert len(answered) == len(probes.outcomes)  # none failed
     assert max(during) < MOST_PROBE_SECONDS, (
         f"a /healthz probe took {max(during):.2f} s while markup was handled "
         f"({len(during)} probes over {ended - started:.2f} s)"

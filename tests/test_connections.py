@@ -19,20 +19,6 @@ import pytest
 
 from tests.servers import running_server
 
-pytestmark = pytest.mark.usefixtures("model_dir")
-
-
-@pytest.fixture(scope="module")
-def model_dir(fr_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("served")
-    (folder / "fr-en").symlink_to(fr_en_bundle, target_is_directory=True)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("server-logs")
-
 
 def connect(url: str) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")

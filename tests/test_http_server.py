@@ -80,18 +80,6 @@ def reference(translator: Translator) -> dict[str, str]:
     return {s: translator.translate([s], OPTIONS, batch_size=1)[0].text for s in SENTENCES}
 
 
-@pytest.fixture(scope="module")
-def model_dir(fr_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("served")
-    (folder / "fr-en").symlink_to(fr_en_bundle, target_is_directory=True)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("server-logs")
-
-
 def test_64_concurrent_requests_match_sequential_translation_and_are_batched(
     model_dir: Path, logs: Path, reference: dict[str, str]
 ):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -194,21 +195,22 @@ def run_connection_attacks(
     }  # fmt: skip
     source = OTHER_CLIENT if per_client_cap else None
     settings = {"max_connections_per_client": per_client_cap} if per_client_cap else {}
-    with running_server(model_dir, work_dir / "idle", tree=tree, **settings) as server:
-        host, port = _host_port(server)
-        results["idle"] = asyncio.run(
-            _idle(host, port, idle_connections, seconds, interval, source)
+
+    def against_a_fresh_server(name: str, attack: Callable[[str, int, Server], Any]) -> None:
+        with running_server(model_dir, work_dir / name, tree=tree, **settings) as server:
+            results[name] = asyncio.run(attack(*_host_port(server), server))
+
+    against_a_fresh_server(
+        "idle", lambda h, p, _: _idle(h, p, idle_connections, seconds, interval, source)
+    )
+    against_a_fresh_server(
+        "slow_bodies",
+        lambda h, p, _: _slow_bodies(h, p, slow_connections, seconds, interval, source),
+    )
+    if not per_client_cap:
+        against_a_fresh_server(
+            "big_headers", lambda h, p, server: _big_headers(h, p, server, header_connections)
         )
-    with running_server(model_dir, work_dir / "slow", tree=tree, **settings) as server:
-        host, port = _host_port(server)
-        results["slow_bodies"] = asyncio.run(
-            _slow_bodies(host, port, slow_connections, seconds, interval, source)
-        )
-    if per_client_cap:
-        return results
-    with running_server(model_dir, work_dir / "headers", tree=tree) as server:
-        host, port = _host_port(server)
-        results["big_headers"] = asyncio.run(_big_headers(host, port, server, header_connections))
     return results
 
 

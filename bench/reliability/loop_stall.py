@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -33,6 +32,7 @@ from bench.harness import ROOT, Server, running_server
 from bench.reliability.traffic import (
     JSON,
     HealthProber,
+    Periodic,
     french_sentence,
     idle_healthz,
     send,
@@ -89,36 +89,22 @@ def amplification_body(copies: int = 64) -> bytes:
     return json.dumps(body).encode()
 
 
-def _memory(pid: int) -> dict[str, int]:
+def _memory(server: Server) -> dict[str, int]:
     """VmRSS (now) and VmHWM (the peak since the process started), in bytes."""
-    found = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            found[name] = int(value.split()[0]) * 1024
-    return found
+    return {"VmRSS": server.rss_bytes(), "VmHWM": server.peak_rss_bytes()}
 
 
-class RssSampler:
+class RssSampler(Periodic):
     """VmRSS every 20 ms from a thread: the peak of one request, whatever came before it."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak = pid, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+    name = "rss-sampler"
 
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
+    def __init__(self, server: Server) -> None:
+        super().__init__(PROBE_INTERVAL_SECONDS)
+        self.server, self.peak = server, 0
 
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _memory(self.pid)["VmRSS"])
-            self._stop.wait(PROBE_INTERVAL_SECONDS)
+    def tick(self) -> None:
+        self.peak = max(self.peak, self.server.rss_bytes())
 
 
 async def _send_all(url: str, path: str, body: bytes, count: int) -> list[dict[str, Any]]:
@@ -204,7 +190,7 @@ def amplification_request(
     # The deadline is raised so that a slow, shared machine still decodes the 4 sentences.
     with running_server(model_dir, work_dir, tree=tree, request_timeout_seconds=120) as server:
         idle = idle_healthz(server.url)
-        before = _memory(server.pid)
+        before = _memory(server)
 
         def request() -> tuple[int, int, str, float]:
             started = time.monotonic()
@@ -213,10 +199,10 @@ def amplification_request(
             detail = response.text[:300] if response.status_code != 200 else ""
             return response.status_code, len(response.content), detail, time.monotonic() - started
 
-        with RssSampler(server.pid) as rss:
+        with RssSampler(server) as rss:
             (status, size, detail, seconds), probes = _probed(server, request)
         time.sleep(2.0)  # what the server keeps once the answer is gone
-        after = _memory(server.pid)
+        after = _memory(server)
     return {
         "copies": copies,
         "request_kb": round(len(body) / 1000),

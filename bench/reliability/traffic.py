@@ -202,18 +202,19 @@ def server_errors(outcomes: Iterable[Outcome]) -> dict[str, int]:
     }
 
 
-class HealthProber:
-    """GET /healthz at a steady pace from its own thread and connection, for as long as a
-    measurement runs: if anything blocks the server's event loop, these latencies show it."""
+class Periodic:
+    """Something done every `interval` seconds from a thread of its own, for as long as a
+    measurement runs (a `with` block); subclasses say what (`tick`), and may open what the
+    ticks share around the loop (`run`)."""
 
-    def __init__(self, url: str, interval_seconds: float = 0.05) -> None:
-        self.url = url
+    name = "periodic"
+
+    def __init__(self, interval_seconds: float) -> None:
         self.interval = interval_seconds
-        self.outcomes: list[Outcome] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="healthz-prober", daemon=True)
+        self._thread = threading.Thread(target=self.run, name=self.name, daemon=True)
 
-    def __enter__(self) -> HealthProber:
+    def __enter__(self) -> Periodic:
         self._thread.start()
         return self
 
@@ -221,11 +222,32 @@ class HealthProber:
         self._stop.set()
         self._thread.join()
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        self.loop(self.tick)
+
+    def loop(self, tick: Callable[[], None]) -> None:
+        while not self._stop.is_set():
+            tick()
+            self._stop.wait(self.interval)
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+
+class HealthProber(Periodic):
+    """GET /healthz at a steady pace from its own thread and connection, for as long as a
+    measurement runs: if anything blocks the server's event loop, these latencies show it."""
+
+    name = "healthz-prober"
+
+    def __init__(self, url: str, interval_seconds: float = 0.05) -> None:
+        super().__init__(interval_seconds)
+        self.url = url
+        self.outcomes: list[Outcome] = []
+
+    def run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=10) as client:
-            while not self._stop.is_set():
-                self.outcomes.append(send_sync(client, "healthz", "GET", "/healthz"))
-                self._stop.wait(self.interval)
+            self.loop(lambda: self.outcomes.append(send_sync(client, "healthz", "GET", "/healthz")))
 
     def summary(self) -> dict[str, Any]:
         answered = [o.seconds for o in self.outcomes if o.status == 200]

@@ -324,11 +324,6 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    @property
-    def capacity(self) -> float | None:
-        """Sentences per second the worker took from a waiting queue, as last measured."""
-        return self._admission.rate
-
     def _work(self) -> None:
         raise NotImplementedError
 
