@@ -39,6 +39,37 @@ def reproduce(module: str) -> str:
     return command
 
 
+def cpu_model() -> str:
+    """The CPU's name, as lscpu gives it, with the vector instructions int8 matmuls depend on:
+    a speed holds on the CPU it was measured on only (this project's machines are AMD EPYC
+    and Intel Xeon of several generations, and a hypervisor may hide the exact model)."""
+    name, flags = "unknown CPU", set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            name = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+            break
+    found = [label for flag, label in VECTOR_FEATURES if flag in flags]
+    return f"{name} ({', '.join(found) or 'no AVX2'})"
+
+
+# cpuinfo flags -> what a report calls them, widest first.
+VECTOR_FEATURES = [
+    ("amx_int8", "AMX"),
+    ("avx512_vnni", "AVX-512 VNNI"),
+    ("avx512f", "AVX-512"),
+    ("avx_vnni", "AVX-VNNI"),
+    ("avx2", "AVX2"),
+]
+
+
+def machine() -> str:
+    """The CPU and its core count, for a report's first bullet."""
+    return f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} CPU cores"
+
+
 def opening(title: str, module: str, setup: str = "") -> list[str]:
     """A report's first lines: its title, the command that reproduces it, and a first bullet
     (when, and on what machine) that ends with `setup`."""
@@ -47,6 +78,5 @@ def opening(title: str, module: str, setup: str = "") -> list[str]:
         "",
         f"Reproduce: `{reproduce(module)}`",
         "",
-        f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores{setup}",
+        f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {machine()}{setup}",
     ]

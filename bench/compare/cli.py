@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from bench.compare.profiling import profile_markdown
 from bench.compare.report import label, speed_markdown, speed_rows, versions
 from bench.compare.runners import ENGINES, REFERENCE, SEARCHES
 from bench.compare.worker import make_job, run_turns, run_worker, spawn, spawn_interleaved
-from bench.report import BENCHMARKS, replace_section
+from bench.report import BENCHMARKS, machine, replace_section
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +91,7 @@ def _setup(args: argparse.Namespace, data: Path, sources: list[list[int]], threa
         "mean_source": sum(len(s) for s in sources) / len(sources),
         "threads": threads,
         "repeat": args.repeat,
-        "cpu": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "cpu": machine(),
         "versions": versions(),
         "checkpoint": str(args.checkpoint),
     }

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import report
 from bench.harness import ROOT
 from bench.report import replace_section
 
@@ -40,24 +41,13 @@ def provenance() -> str:
     commit = _git("rev-parse", "--short", "HEAD")
     dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "service") else ""
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    machine = (
-        f"{_cpu_model()} ({platform.machine()}), {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}"
-    )
+    machine = f"{report.machine()}, Python {platform.python_version()}"
     # Other work on the machine slows the server and the load generator alike: say how much.
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     return (
         f"_Measured {when} on {machine}, at commit {commit}{dirty}; load average at the end "
         f"{load} (1, 5, 15 min)._\n"
     )
-
-
-def _cpu_model() -> str:
-    """The CPU's name (a speed holds on the CPU it was measured on only)."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip()
-    return "unknown CPU"
 
 
 def _git(*args: str) -> str:
