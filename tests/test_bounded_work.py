@@ -29,8 +29,11 @@ DEEPL = {"source_lang": "FR", "target_lang": "EN-GB", "tag_handling": "xml"}
 DEEPL_PAST_LIMIT = {**DEEPL, "text": ["<b>a</b>" * 555] * 64}
 DEEPL_POINTS = {**DEEPL, "text": ["<x/>" * 1230 + "Un homme marche."] * 64}
 PROBE_INTERVAL_SECONDS = 0.02
-# Before: > 1 s. After: about 0.1 s on 2 shared cores. Generous, for a loaded machine.
-MOST_PROBE_SECONDS = 0.5
+# The longest a probe may wait, as a share of how long the markup requests took: before, the
+# event loop was held for all of it (a probe waited about as long: share ~1); after, about a
+# twentieth on 2 shared cores. A share, not seconds, so that a slower or busier machine,
+# which slows both alike, does not fail it.
+MOST_PROBE_SHARE = 1 / 3
 
 
 def test_healthz_answers_while_markup_is_parsed_and_written(
@@ -64,7 +67,7 @@ def test_healthz_answers_while_markup_is_parsed_and_written(
     answered = [(o.sent_at, o.seconds) for o in probes.outcomes if o.status == 200]
     during = [s for sent, s in answered if sent <= ended and sent + s >= started]
     assert len(answered) == len(probes.outcomes)  # none failed
-    assert max(during) < MOST_PROBE_SECONDS, (
+    assert max(during) < MOST_PROBE_SHARE * (ended - started), (
         f"a /healthz probe took {max(during):.2f} s while markup was handled "
         f"({len(during)} probes over {ended - started:.2f} s)"
     )
