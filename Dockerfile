@@ -75,7 +75,7 @@ RUN /opt/export-venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/whe
         /tmp/wheel/*.whl \
     && find /opt/venv/lib/python3.11/site-packages -depth -type d -name tests -exec rm -rf {} + \
     && /opt/export-venv/bin/nmt export --checkpoint models/fr-en --out /opt/nmt/models/fr-en \
-        --int8 --serving-only \
+        --int8 \
     && chmod -R a+rX,go-w /opt/nmt /opt/venv
 
 

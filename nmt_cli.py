@@ -53,8 +53,8 @@ def _translate_lines(args: argparse.Namespace, sentences: list[str]) -> list[str
     """On the ONNX engine with --model-dir (the product), else on the torch checkpoint."""
     if args.model_dir:
         from service.runtime.bundle import load_bundle
-        from service.runtime.engine import EngineOptions
         from service.runtime.search import SearchOptions
+        from service.runtime.sessions import EngineOptions
         from service.runtime.translator import Translator
 
         translator = Translator(
@@ -118,9 +118,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         args.checkpoint,
         args.out,
         int8=args.int8,
-        serving_only=args.serving_only,
         description=args.description,
-        decoder=args.decoder,
     )
     print(json.dumps({"out": str(args.out), "files": sorted(manifest["files"])}))
     return 0
@@ -264,21 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", type=Path, required=True, help="bundle directory to write")
     export.add_argument("--int8", action="store_true", help="also write int8 quantized graphs")
     export.add_argument(
-        "--serving-only",
-        action="store_true",
-        help="leave out the no-cache decoder, which only benchmarks use (a smaller bundle)",
-    )
-    export.add_argument(
         "--description",
         help="what the model was trained on and is for, shown by /v1/models and the web page "
         "(default: the checkpoint's description.txt)",
-    )
-    export.add_argument(
-        "--decoder",
-        choices=("fused", "traced"),
-        default="fused",
-        help="how the decoder step graph is made: from ONNX Runtime's fused attention "
-        "(default, faster) or traced from the torch model; same inputs, outputs and results",
     )
 
     shortlist = subparsers.add_parser(

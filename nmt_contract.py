@@ -21,14 +21,11 @@ import numpy as np
 #    only the top-k log-probs come out (no [B, V] output)
 # 4: the decoder step takes past_mask [rows, P] and positions [rows] (rows of a running batch
 #    joined at different steps) and also returns every layer's cross-attention, attention_i
-BUNDLE_FORMAT = 4
-
-# An optional graph of format 4 (a runtime without it uses "decoder"): the decoder step with the
-# self-attention caches written in place. Instead of past_mask and past/present caches of the
-# cache's own length, it takes buffers [rows, H, capacity, Dh] as past_* and writes each row's
-# new key and value at its position into the buffer it returns as present_* (the runtime binds
-# the same memory to both); a row's cache is the first `positions` of its slot.
-IN_PLACE_DECODER = "decoder_in_place"
+# 5: one decoder step, "decoder", over self-attention caches written in place: buffers
+#    [rows, H, capacity, Dh] as past_* (the runtime binds the same memory as present_*), each
+#    row's cache the first `positions` of its slot; no past_mask. No no-cache decoder. The
+#    shortlist's step ("decoder_shortlist") is the same step over candidate words.
+BUNDLE_FORMAT = 5
 
 
 def attention_output_names(layers: int) -> list[str]:

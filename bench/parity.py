@@ -21,8 +21,8 @@ from export.scoring import corpus_scores
 from export.train_config import multi30k_dir
 from export.translate import translate_texts
 from service.runtime.bundle import load_bundle
-from service.runtime.engine import EngineOptions
 from service.runtime.search import SearchOptions
+from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
 
 

@@ -44,8 +44,10 @@ from bench.step_ab import in_turns, step_session, stepper
 from export.scoring import corpus_scores
 from export.train_config import multi30k_dir
 from service.runtime.bundle import load_bundle
-from service.runtime.engine import DISABLED_OPTIMIZERS, EngineOptions, session_options
-from service.runtime.search import SearchOptions
+from service.runtime.engine import Engine
+from service.runtime.running_batch import RunningBatch, pad_sources, running_batch
+from service.runtime.search import SearchOptions, Sentence
+from service.runtime.sessions import DISABLED_OPTIMIZERS, EngineOptions, session_options
 from service.runtime.translator import Translator
 
 GRAPHS = ("encoder", "decoder")
@@ -58,33 +60,47 @@ class Variant:
     folder: Path | None = None  # a bundle whose int8 graphs are this variant's
 
 
-class Recording:
-    """An ONNX Runtime session that keeps a copy of every input it is given (the engine
-    moves cache rows in place between steps, hence the copies)."""
-
-    def __init__(self, session: ort.InferenceSession) -> None:
-        self.session = session
-        self.feeds: list[dict[str, np.ndarray]] = []
-
-    def run(self, outputs, feeds, *rest):
-        self.feeds.append({name: np.array(value, copy=True) for name, value in feeds.items()})
-        return self.session.run(outputs, feeds, *rest)
-
-    def __getattr__(self, name: str):
-        return getattr(self.session, name)
+def step_feeds(engine: Engine, batch: RunningBatch) -> dict[str, np.ndarray]:
+    """The decoder step's inputs for the batch's next step, as copies (the step writes its
+    caches in place): what the engine binds, read from the batch's own arrays."""
+    cache, rows = batch.cache, batch.rows
+    length = int(cache.positions.max(initial=0)) + 1  # room for the position it writes
+    feeds = {
+        "target_ids": batch.feed[:, None].copy(),
+        "source_mask": cache.source_mask.copy(),
+        "top_k": np.array(batch.top_k(), dtype=np.int64),
+        "positions": cache.positions.copy(),
+    }
+    feeds |= {
+        name: layer.copy() for name, layer in zip(engine.cross_names, cache.cross, strict=True)
+    }
+    for name, buffer in zip(engine.past_names, cache.past, strict=True):
+        past = np.zeros((rows, *buffer.shape[1:2], length, buffer.shape[3]), np.float32)
+        used = min(length, buffer.shape[2])
+        past[:, :, :used] = buffer[:rows, :, :used]
+        feeds[name] = past
+    return feeds
 
 
 def calibration_feeds(bundle: Path, sentences: list[str]) -> dict[str, list[dict]]:
     """The inputs the fp32 encoder and decoder step see while translating `sentences`
     greedy and with beam 4, 8 sentences a batch: what the activations' ranges come from."""
-    # The concatenating step (decoder.onnx): the graph every variant is made from.
-    options = EngineOptions(int8=False, intra_op_threads=1, in_place=False)
-    translator = Translator(load_bundle(bundle), options)
+    translator = Translator(load_bundle(bundle), EngineOptions(int8=False, intra_op_threads=1))
     engine = translator.engine
-    engine.encoder, engine.decoder = Recording(engine.encoder), Recording(engine.decoder)
+    sources = translator.tokenizer.encode(sentences)
+    found: dict[str, list[dict]] = {"encoder": [], "decoder": []}
     for beam in (1, 4):
-        translator.translate(sentences, SearchOptions(beam_size=beam), batch_size=8)
-    return {"encoder": engine.encoder.feeds, "decoder": engine.decoder.feeds}
+        options = SearchOptions(beam_size=beam)
+        for start in range(0, len(sources), 8):
+            chunk = sources[start : start + 8]
+            ids, mask = pad_sources(chunk, engine.pad_id)
+            found["encoder"].append({"source_ids": ids, "source_mask": mask})
+            batch = running_batch(engine, beam)
+            batch.join([Sentence(source, options) for source in chunk])
+            while len(batch):
+                found["decoder"].append(step_feeds(engine, batch))
+                batch.step()
+    return found
 
 
 def typed_for_the_quantizer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
@@ -248,8 +264,8 @@ def step_times(variants: list[Variant], turns: int) -> dict[str, list[float]]:
 
 def quality(folder: Path, int8: bool, sources: list[str], references: list[str]) -> list[dict]:
     """BLEU (and the translations) greedy and with beam 4, 32 sentences a batch."""
-    # (the variants replace decoder.int8.onnx: the concatenating step)
-    options = EngineOptions(int8=int8, intra_op_threads=1, in_place=False)
+    # (the variants replace decoder.int8.onnx)
+    options = EngineOptions(int8=int8, intra_op_threads=1)
     translator = Translator(load_bundle(folder, verify=False), options)
     found = []
     for beam in (1, 4):

@@ -20,8 +20,9 @@ from bench.report import replace_section
 from export.scoring import corpus_scores
 from export.train_config import multi30k_dir
 from service.runtime.bundle import load_bundle
-from service.runtime.engine import EngineOptions
-from service.runtime.search import MAX_REPEAT_NGRAM, SearchOptions
+from service.runtime.search import SearchOptions
+from service.runtime.sessions import EngineOptions
+from service.runtime.strategies import MAX_REPEAT_NGRAM
 from service.runtime.translator import Translator
 
 SPLITS = ("val", "test_2016_flickr", "test_2017_flickr")

@@ -4,7 +4,7 @@
 
 A lone client's request is a sentence decoded alone, so what the loop does around each decoder
 step (looking at the queue, abandoned rows, deadlines, its reports) is what it costs that
-request over a bare `search`. Sentences go one at a time through a ContinuousScheduler built
+request over a bare `search`. Sentences go one at a time through a DecodingLoop built
 as the server builds it (ModelRegistry, the same settings and limits), driven by `work_once`
 on this thread; per turn that steps, its time less the engine step's, as the loop itself
 reports it to its observer (`observe_step`'s seconds: the product's hook, no wrapping of its
@@ -29,8 +29,9 @@ from typing import Any
 from bench.harness import temporary_bundles
 from bench.load import MULTI30K_TEST, load_sentences
 from bench.report import opening, replace_section
-from service.runtime.running_batch import RunningBatch, SearchOptions, running_batch
-from service.serving.continuous import ContinuousScheduler
+from service.runtime.running_batch import running_batch
+from service.runtime.search import SearchOptions
+from service.serving.loop import DecodingBatch, DecodingLoop
 from service.serving.metrics import Metrics
 from service.serving.registry import LoadedModel, ModelRegistry
 from service.serving.settings import Settings
@@ -86,22 +87,20 @@ async def turn_overheads(
     sentences one at a time on this thread."""
     engine = model.translator.engine
 
-    def new_batch(beams: int) -> RunningBatch:
+    def new_batch(beams: int) -> DecodingBatch:
         return running_batch(engine, beams)
 
     steps = StepTimes(metrics)
-    scheduler = ContinuousScheduler(
-        model.name, new_batch, model.scheduler.limits, steps, encode_ahead=False
-    )
+    loop = DecodingLoop(model.name, new_batch, model.loop.limits, steps, encode_ahead=False)
     options = SearchOptions(beam_size=beam)
     overheads: list[float] = []
     for source in sources:
-        job = scheduler.submit([source], options, time.monotonic() + FAR)
+        job = loop.submit([source], options, time.monotonic() + FAR)
         joining = True  # the first turn joins (encoder call and all): not a step's turn
         while True:
             stepped_before = len(steps.seconds)
             started = time.perf_counter()
-            stepped = scheduler.work_once()
+            stepped = loop.work_once()
             seconds = time.perf_counter() - started
             if not stepped:
                 break
@@ -168,7 +167,7 @@ def main() -> None:
     texts, source = load_sentences(args.sentences)
     with ExitStack() as stack:
         model = load(args.model_dir or temporary_bundles(stack), args.threads)
-        stack.callback(model.scheduler.close)
+        stack.callback(model.loop.close)
         tokenizer = model.translator.tokenizer
         sources = tokenizer.encode((texts * (args.count // len(texts) + 1))[: args.count])
         turns = asyncio.run(measure(model, sources))

@@ -132,8 +132,8 @@ def engine_ceiling(
     """A function giving greedy sentences per second of the engine alone at batch 1 and 32,
     with `threads` (batch 32: the median of three passes)."""
     from service.runtime.bundle import load_bundle
-    from service.runtime.engine import EngineOptions
     from service.runtime.search import SearchOptions
+    from service.runtime.sessions import EngineOptions
     from service.runtime.translator import Translator
     from service.serving.registry import find_bundles
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from nmt_contract import layer_names
-from service.runtime.engine import DISABLED_OPTIMIZERS, EngineOptions, session_options
+from service.runtime.sessions import DISABLED_OPTIMIZERS, EngineOptions, session_options
 
 
 def step_inputs(args: argparse.Namespace, layers: int, heads: int, head_dim: int) -> dict:
@@ -32,11 +32,13 @@ def step_inputs(args: argparse.Namespace, layers: int, heads: int, head_dim: int
         "target_ids": rng.integers(3, 1000, (rows, 1)),
         "source_mask": np.ones((sources, args.source), dtype=bool),
         "top_k": np.array(args.rows_per_source + 1 if args.rows_per_source > 1 else 1),
-        "past_mask": np.ones((rows, args.past), dtype=bool),
         "positions": np.full(rows, args.past, dtype=np.int64),
     }
+    # Buffers with room for the position the step writes (the engine binds them as both past
+    # and present; here ONNX Runtime returns present as an array of its own).
     for name in layer_names("past", layers):
-        feeds[name] = rng.standard_normal((rows, heads, args.past, head_dim), dtype=np.float32)
+        shape = (rows, heads, args.past + 1, head_dim)
+        feeds[name] = rng.standard_normal(shape, dtype=np.float32)
     for name in layer_names("cross", layers):
         shape = (sources, heads, args.source, head_dim)
         feeds[name] = rng.standard_normal(shape, dtype=np.float32)

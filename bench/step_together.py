@@ -8,7 +8,7 @@ apart (two engine calls a step) or together (`step_together`: one call), in turn
 batches each time: a slow spell of the machine falls on both. The first step together stacks
 the batches' caches; the next ones go on from it while nobody joins or leaves. Prints a
 markdown table of the medians (per step) and their ratio. This is how STEP_TOGETHER_ROWS
-(service/serving/continuous.py) was chosen.
+(service/serving/loop.py) was chosen.
 A benchmark, not a test: it asserts nothing.
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from bench.harness import temporary_bundles
 from bench.load import MULTI30K_TEST, load_sentences
 from service.runtime.bundle import load_bundle
-from service.runtime.engine import EngineOptions
 from service.runtime.running_batch import RunningBatch, Sentence, running_batch, step_together
 from service.runtime.search import SearchOptions
+from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
 from service.serving.registry import find_bundles
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the nmt-serve image with podman on a machine with no Docker engine and no container
-# registry (this project's machines and CI). tests/test_container.py runs it; so can you.
+# registry (this project's machines and CI). tests/deploy/test_container.py runs it; so can you.
 #
 #   deploy/container-test.sh base     make the base image once (debootstrap), reuse it after
 #   deploy/container-test.sh build    base + `podman build`; prints one JSON line: image, build

@@ -1,26 +1,33 @@
 """The decoder step graph built node by node from ONNX Runtime's fused CPU operators.
 
-`torch.onnx.export` of `Transformer.decode` writes every reshape, transpose and mask of the
-textbook model as its own node: about 230 nodes a step after ONNX Runtime's optimizations,
-each costing a kernel launch, at batch 1 a good share of a step (docs/performance.md). This
-module writes the same step with the operators ONNX Runtime ships fused for transformers
-(`com.microsoft` domain), from the same weights:
+`torch.onnx.export` of the textbook step writes every reshape, transpose and mask as its own
+node: about 230 nodes a step after ONNX Runtime's optimizations, each costing a kernel launch,
+at batch 1 a good share of a step (docs/performance.md). This module writes the same step with
+the operators ONNX Runtime ships fused for transformers (`com.microsoft` domain), from the
+same weights:
 
-* `MultiHeadAttention` does a whole attention in one node: splits heads, appends the new key
-  and value to the past ones (`present = concat(past, new)`), scores, masks, softmax, mixes the
-  values and merges heads. Its `qk` output (scaled, masked scores) gives the cross-attention
-  weights through one Softmax.
+* self-attention is one `GroupQueryAttention` node (as many key/value heads as query heads:
+  plain multi-head attention) over caches written in place: each row's past keys and values
+  sit at the start of its own slot of a buffer [B, H, capacity, Dh], and the node writes the
+  new position's key and value at the row's position, into the buffer itself (see
+  service/runtime/kv_cache.py for the runtime's side).
+* cross-attention is one `MultiHeadAttention` node: splits heads, scores against the source's
+  keys (computed once per sentence by the encoder graph), masks, softmax, mixes the values and
+  merges heads. Its `qk` output (scaled, masked scores) gives the cross-attention weights
+  through one Softmax.
 * one matmul projects the queries, keys and values of self-attention together ([D, 3D]
-  weights): one pass over the input instead of three (and, in int8, one quantization of it);
-  the three biases go into MultiHeadAttention's `bias` input.
+  weights): one pass over the input instead of three (and, in int8, one quantization of it).
 * not `SkipLayerNormalization` (the residual, a bias and the post-norm in one node): its CPU
   kernel is slower than the three nodes it replaces once a batch has more than a few rows.
 
-Inputs and outputs are exactly those of `onnx_export.DecoderStepGraph` (names, shapes,
-meaning), so the engine cannot tell the two apart; tests hold this graph to the torch model.
+Inputs: target_ids [B, 1], source_mask [B/K, S], top_k, positions [B] (each row's cache
+length), past_* buffers and cross_* keys/values; with a shortlist also vocabulary [C] and
+output_projection [D, C]. Outputs: top_log_probs and top_ids [B, k], alignment [B, S],
+attention_i [B, H, S] and present_* (the same buffers). Tests hold this graph to the torch
+model (tests/export/test_fused_step.py).
 
-Shapes: B rows, K rows per source (beams), S source length, P past length, D model width,
-H heads, Dh = D / H, V vocabulary, L layers.
+Shapes: B rows, K rows per source (beams), S source length, D model width, H heads,
+Dh = D / H, V vocabulary, C candidate words, L layers.
 """
 
 from __future__ import annotations
@@ -79,10 +86,7 @@ def _layer(
     )
     qkv = g.one("MatMul", [x, g.constant(f"{p}.self.qkv.weight", qkv_weight)], f"{p}.self.qkv")
     qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-    if "cache_lengths" in masks:
-        mixed = _self_attention_in_place(g, i, heads, qkv, qkv_bias, masks)
-    else:
-        mixed = _self_attention_concatenated(g, i, heads, qkv, qkv_bias, masks)
+    mixed = _self_attention(g, i, heads, qkv, qkv_bias, masks)
     out = g.one(
         "MatMul",
         [mixed, g.constant(f"{p}.self.out.weight", _weight(attn.out_proj))],
@@ -128,36 +132,7 @@ def _layer(
     return _add_and_norm(g, out, ffn.fc2.bias, x, layer.final_layer_norm, f"{p}.ffn")
 
 
-def _self_attention_concatenated(
-    g: _Graph, i: int, heads: int, qkv: str, qkv_bias: torch.Tensor, masks: dict[str, str]
-) -> str:
-    """Self-attention of the new position over the past ones and itself, the cache passed in
-    and out whole: past keys/values [B, H, P, Dh] come in, the present ones [B, H, P+1, Dh]
-    (a copy of the past with the new position appended) go out; key_padding_mask [B, P+1]
-    hides the padding in front of rows that joined later. qkv [B, 1, 3D] -> [B, 1, D]."""
-    p = f"layer{i}"
-    q, k, v = g.node(
-        "Split", [qkv], [f"{p}.self.q", f"{p}.self.k", f"{p}.self.v"], axis=2, num_outputs=3
-    )
-    return g.node(
-        "MultiHeadAttention",
-        [
-            q,
-            k,
-            v,
-            g.constant(f"{p}.self.qkv.bias", qkv_bias),
-            masks["self"],
-            "",
-            f"past_keys_{i}",
-            f"past_values_{i}",
-        ],
-        [f"{p}.self.mixed", f"present_keys_{i}", f"present_values_{i}"],
-        domain=MS,
-        num_heads=heads,
-    )[0]
-
-
-def _self_attention_in_place(
+def _self_attention(
     g: _Graph, i: int, heads: int, qkv: str, qkv_bias: torch.Tensor, masks: dict[str, str]
 ) -> str:
     """Self-attention over a cache that stays where it is: each row's keys/values sit at the
@@ -255,14 +230,9 @@ def _shortlisted_top_k(g: _Graph, model: Transformer, x: str) -> None:
     g.one("Gather", ["vocabulary", "top_candidates"], "top_ids")  # [B, k] vocabulary ids
 
 
-def fused_decoder_step(
-    model: Transformer, shortlist: bool = False, in_place: bool = False
-) -> onnx.ModelProto:
+def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.ModelProto:
     """The decoder step of `model` (see the module docstring) as an ONNX model. `shortlist`:
-    the step of a vocabulary shortlist (see _shortlisted_top_k), with two more inputs.
-    `in_place`: the self-attention caches are buffers the step writes into (see
-    _self_attention_in_place): no past_mask input, and each row's cache length is its
-    position."""
+    the step of a vocabulary shortlist (see _shortlisted_top_k), with two more inputs."""
     config = model.config
     g = _Graph()
     dims = config.d_model
@@ -270,21 +240,13 @@ def fused_decoder_step(
 
     # Masks, int32 as MultiHeadAttention reads them (1 = attend).
     masks = {"source": g.one("Cast", ["source_mask"], "source_mask_int", to=TensorProto.INT32)}
-    if in_place:
-        # A row's cache holds its `positions` past tokens, from the start of its slot:
-        # GroupQueryAttention's seqlens_k [B] and the longest (past + new) over the rows.
-        lengths = g.one("Cast", ["positions"], "cache_lengths", to=TensorProto.INT32)
-        longest = g.one("ReduceMax", [lengths], "longest_cache", keepdims=0)
-        one = g.constant("one_int", np.array(1, dtype=np.int32))
-        masks["cache_lengths"] = lengths
-        masks["total_length"] = g.one("Add", [longest, one], "total_length")
-    else:
-        # Self-attention: the past plus the new position, which is real for every row:
-        # past_mask [B, P] -> [B, P+1].
-        past = g.one("Cast", ["past_mask"], "past_mask_int", to=TensorProto.INT32)
-        pads = int64("pad_new_position", [0, 0, 0, 1])
-        one = g.constant("one_int", np.array(1, dtype=np.int32))
-        masks["self"] = g.one("Pad", [past, pads, one], "self_mask")
+    # A row's cache holds its `positions` past tokens, from the start of its slot:
+    # GroupQueryAttention's seqlens_k [B] and the longest (past + new) over the rows.
+    lengths = g.one("Cast", ["positions"], "cache_lengths", to=TensorProto.INT32)
+    longest = g.one("ReduceMax", [lengths], "longest_cache", keepdims=0)
+    one = g.constant("one_int", np.array(1, dtype=np.int32))
+    masks["cache_lengths"] = lengths
+    masks["total_length"] = g.one("Add", [longest, one], "total_length")
     sources = g.one("Shape", ["source_mask"], "sources", start=0, end=1)
     source_length = g.one("Shape", ["source_mask"], "source_length", start=1, end=2)
     shapes = {
@@ -321,7 +283,7 @@ def fused_decoder_step(
     last = attention_output_names(config.decoder_layers)[-1]
     g.one("ReduceMean", [last, int64("axis_heads", [1])], "alignment", keepdims=0)
 
-    inputs = _inputs(config, in_place)
+    inputs = _inputs(config)
     if shortlist:
         inputs += [
             helper.make_tensor_value_info("vocabulary", TensorProto.INT64, ["candidates"]),
@@ -329,7 +291,7 @@ def fused_decoder_step(
                 "output_projection", TensorProto.FLOAT, [dims, "candidates"]
             ),
         ]
-    outputs = _outputs(config, in_place)
+    outputs = _outputs(config)
     graph = helper.make_graph(g.nodes, "decoder_step", inputs, outputs, g.initializers)
     # MultiHeadAttention's qk output may be another float type than its inputs: say which.
     graph.value_info.extend(
@@ -345,19 +307,20 @@ def fused_decoder_step(
     return model_proto
 
 
-def _inputs(config, in_place: bool = False) -> list[onnx.ValueInfoProto]:
+def _inputs(config) -> list[onnx.ValueInfoProto]:
     f32, i64, flag = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
     heads, head_dim = config.n_heads, config.head_dim
     info = helper.make_tensor_value_info
     layers = config.decoder_layers
-    past = "capacity" if in_place else "past"  # a buffer's positions, or the cache's own
     return [
         info("target_ids", i64, ["batch", 1]),
         info("source_mask", flag, ["sources", "source"]),
         info("top_k", i64, []),
-        *([] if in_place else [info("past_mask", flag, ["batch", "past"])]),
         info("positions", i64, ["batch"]),
-        *(info(n, f32, ["batch", heads, past, head_dim]) for n in layer_names("past", layers)),
+        *(
+            info(n, f32, ["batch", heads, "capacity", head_dim])
+            for n in layer_names("past", layers)
+        ),
         *(
             info(n, f32, ["sources", heads, "source", head_dim])
             for n in layer_names("cross", layers)
@@ -365,7 +328,7 @@ def _inputs(config, in_place: bool = False) -> list[onnx.ValueInfoProto]:
     ]
 
 
-def _outputs(config, in_place: bool = False) -> list[onnx.ValueInfoProto]:
+def _outputs(config) -> list[onnx.ValueInfoProto]:
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     heads, head_dim = config.n_heads, config.head_dim
     info = helper.make_tensor_value_info
@@ -376,7 +339,7 @@ def _outputs(config, in_place: bool = False) -> list[onnx.ValueInfoProto]:
         info("alignment", f32, ["batch", "source"]),
         *(info(n, f32, ["batch", heads, "source"]) for n in attention_output_names(layers)),
         *(
-            info(n, f32, ["batch", heads, "capacity" if in_place else "past_plus_one", head_dim])
+            info(n, f32, ["batch", heads, "capacity", head_dim])
             for n in layer_names("present", layers)
         ),
     ]

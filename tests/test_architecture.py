@@ -15,8 +15,9 @@ from fastapi.testclient import TestClient
 from starlette.requests import Request
 
 from service.http.app import create_app
-from service.http.deepl import _as_deepl_error
-from service.http.libretranslate import _as_libre_error
+from service.http.deepl import DEEPL
+from service.http.libretranslate import LIBRE
+from service.http.limits import limit_of
 from service.serving import errors
 from service.serving.admission import Forecast
 from service.serving.settings import Settings
@@ -112,7 +113,10 @@ SAMPLES: dict[type, errors.ServiceError] = {
     errors.SentenceTooLong: errors.SentenceTooLong(0, 300, 256, sentence=2),
     errors.QueueFull: errors.QueueFull("fr-en", 10, 10, 3),
     errors.Backlogged: errors.Backlogged("fr-en", 90, Forecast(12.0, 1.5, 0.5, 60.0), 1.0, 2),
+    errors.TooManyTexts: errors.TooManyTexts(65, 64),
+    errors.TextTooLong: errors.TextTooLong(2, 5001, 5000),
     errors.RequestTooLarge: errors.RequestTooLarge(900, 512),
+    errors.BodyTooLarge: errors.BodyTooLarge(1_048_576),
     errors.AlignmentTooLarge: errors.AlignmentTooLarge(16_617_600, 2_000_000),
     errors.MissingApiKey: errors.MissingApiKey(),
     errors.InvalidApiKey: errors.InvalidApiKey(),
@@ -159,16 +163,22 @@ def test_every_error_is_answered_with_its_own_status_in_each_dialect(client: Tes
     assert ("req-7" in response.text) == internal  # a server fault points at its log line
     assert (kind.status >= 500 and kind.status not in (503, 504)) == internal
 
+    # A limit has each dialect's status for it (tests/http/test_dialects.py has them); any other
+    # error its own, or the dialect's word for it.
     request = Request({"type": "http", "state": {"request_id": "req-7"}, "headers": []})
-    libre = _as_libre_error(error, request)
-    assert libre.status == (400 if kind.status in (401, 404, 413, 422) else kind.status)
+    limit = limit_of(error)
+    libre = LIBRE.error_for(error, request)
+    if limit is not None:
+        assert libre.status == LIBRE.limit_status[limit]
+    else:
+        assert libre.status == (400 if kind.status in (401, 404, 422) else kind.status)
     assert libre.message
 
-    deepl = _as_deepl_error(error, request)
-    if isinstance(error, errors.MissingApiKey | errors.InvalidApiKey):
+    deepl = DEEPL.error_for(error, request)
+    if limit is not None:
+        assert deepl.status == DEEPL.limit_status[limit]
+    elif isinstance(error, errors.MissingApiKey | errors.InvalidApiKey):
         assert deepl.status == 403  # DeepL says 403 for any key problem
-    elif isinstance(error, errors.QuotaExceeded):
-        assert deepl.status == 456
     else:
         assert deepl.status == (400 if kind.status in (401, 404, 422) else kind.status)
     assert deepl.message

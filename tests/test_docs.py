@@ -2,7 +2,7 @@
 docs/service.md, each matching what the app registers and reads; the README links to them
 instead of copying them; every relative link in the docs leads somewhere.
 
-(The settings table itself is checked against `Settings` in tests/test_http_settings.py.)
+(The settings table itself is checked against `Settings` in tests/serving/test_settings.py.)
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench.compare.parity import parity_markdown, run_parity
 from bench.compare.plot import svg_chart
-from bench.compare.prepare import by_length, id_maps, load_sources, pad_norm, prepare
+from bench.compare.prepare import before_jobs, by_length, id_maps, load_sources, pad_norm, prepare
 from bench.compare.profiling import profile_markdown
 from bench.compare.report import label, speed_markdown, speed_rows, versions
 from bench.compare.runners import ENGINES, REFERENCE, SEARCHES
@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "time goes",
     )
     parser.add_argument(
+        "--before-tree",
+        type=Path,
+        help="also time ours fp32 and int8 from another checkout (e.g. `git worktree add "
+        "/tmp/before HEAD~3`), side by side in the same turns: its own exporter makes its "
+        "bundle, its own `bench.compare` worker runs it (rows 'ours ... (before)')",
+    )
+    parser.add_argument(
         "--parity-lines",
         type=int,
         default=0,
@@ -71,6 +78,8 @@ def _command(args: argparse.Namespace) -> str:
         command += f" --section {args.section}"
     if args.profile:
         command += " --profile"
+    if args.before_tree:
+        command += f" --before-tree {args.before_tree}"
     return command
 
 
@@ -114,8 +123,12 @@ def run_from_args(args: argparse.Namespace) -> int:
         {"beam": beam, "batch": batch, "repeat": args.repeat, "exact_limits": False}
         for beam, batch in SEARCHES
     ]
-    print(f"{', '.join(names)}: loaded at once, one timed pass each in turn", flush=True)
-    results = spawn_interleaved([job(name, runs) for name in names], work)
+    jobs = [job(name, runs) for name in names]
+    if args.before_tree:
+        jobs += before_jobs(args.before_tree, args.checkpoint, work, jobs[0])
+    listed = ", ".join(j["name"] for j in jobs)
+    print(f"{listed}: loaded at once, one timed pass each in turn", flush=True)
+    results = spawn_interleaved(jobs, work)
     rows = speed_rows(results)
     profile = None
     if args.profile:

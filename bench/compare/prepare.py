@@ -104,3 +104,30 @@ def pad_norm(checkpoint: Path) -> float:
     with safe_open(str(checkpoint / "model.safetensors"), "np") as weights:
         row = weights.get_slice("embed_tokens.weight")[config.pad_id]
     return float((row.astype("float64") ** 2).sum() ** 0.5)
+
+
+def before_jobs(tree: Path, checkpoint: Path, work: Path, template: dict) -> list[dict]:
+    """Jobs that time ours fp32 and int8 as another checkout has them (`--before-tree`): its
+    exporter writes its bundle (again only when its commit changed), and its own worker runs
+    it (`job["tree"]`), on the same sentences and runs as `template`'s."""
+    tree = tree.resolve()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    bundle = work / "before-bundle"
+    stamp = work / "before-bundle.commit"
+    if not (bundle / "bundle.json").is_file() or not stamp.is_file() or stamp.read_text() != commit:
+        print(f"exporting the bundle of {tree} ({commit[:12]})", flush=True)
+        command = [sys.executable, "-m", "nmt_cli", "export", "--int8"]
+        command += ["--checkpoint", str(checkpoint.resolve()), "--out", str(bundle.resolve())]
+        subprocess.run(command, cwd=tree, check=True)
+        stamp.write_text(commit)
+    jobs = []
+    for int8 in (False, True):
+        name = f"ours {'int8' if int8 else 'fp32'} (before)"
+        # "cache": the spec key of runners older than one cache layout
+        spec = {"engine": "ours", "int8": int8, "cache": True}
+        paths = {k: str(Path(v).resolve()) for k, v in template["paths"].items()}
+        paths["bundle"] = str(bundle.resolve())
+        jobs.append({**template, "name": name, "spec": spec, "paths": paths, "tree": str(tree)})
+    return jobs

@@ -13,12 +13,10 @@ from typing import Protocol
 
 # Every configuration in the table, in order. "ours" fp32 with the cache is the reference.
 ENGINES = {
-    "ours fp32": {"engine": "ours", "int8": False, "cache": True},
-    "ours int8": {"engine": "ours", "int8": True, "cache": True},
+    "ours fp32": {"engine": "ours", "int8": False},
+    "ours int8": {"engine": "ours", "int8": True},
     # The vocabulary shortlist (opt-in; needs CHECKPOINT/shortlist.npz, `nmt shortlist`).
-    "ours int8 shortlist": {"engine": "ours", "int8": True, "cache": True, "shortlist": True},
-    "ours fp32 no cache": {"engine": "ours", "int8": False, "cache": False},
-    "ours int8 no cache": {"engine": "ours", "int8": True, "cache": False},
+    "ours int8 shortlist": {"engine": "ours", "int8": True, "shortlist": True},
     "ctranslate2 fp32": {"engine": "ctranslate2", "compute_type": "float32"},
     "ctranslate2 int8": {"engine": "ctranslate2", "compute_type": "int8"},
     # Its default patience: it stops a beam search earlier than ours (and Hugging Face's) rule,
@@ -31,9 +29,6 @@ ENGINES = {
     # The same shortlist as its vocabulary map (converted with --vocab_mapping, use_vmap).
     "ctranslate2 int8 vmap": {"engine": "ctranslate2", "compute_type": "int8", "vmap": True},
     "transformers fp32": {"engine": "transformers"},
-    # The step that passes the whole cache in and a copy one position longer out, as before
-    # the in-place caches (NMT_CACHE_IN_PLACE=false): what writing them in place buys.
-    "ours int8 concatenating": {"engine": "ours", "int8": True, "cache": True, "in_place": False},
 }
 REFERENCE = "ours fp32"
 SEARCHES = ((1, 1), (1, 32), (4, 1), (4, 32))  # (beam, batch): the table's columns
@@ -48,27 +43,17 @@ class Runner(Protocol):
 class OursRunner:
     def __init__(self, job: dict) -> None:
         from service.runtime.bundle import load_bundle
-        from service.runtime.engine import EngineOptions
+        from service.runtime.sessions import EngineOptions
         from service.runtime.translator import Translator
 
         spec = job["spec"]
         options = EngineOptions(
             int8=spec["int8"],
-            use_cache=spec["cache"],
             intra_op_threads=job["threads"],
             shortlist=spec.get("shortlist", False),
-            in_place=spec.get("in_place", True),
             profile_prefix=job.get("profile_prefix", ""),
         )
         self.translator = Translator(load_bundle(job["paths"]["bundle"]), options)
-        # The engine falls back to the concatenating step for a bundle without the in-place
-        # one (an older export): a benchmark must run the step it names.
-        wants_in_place = options.in_place and options.use_cache and not options.shortlist
-        if self.translator.engine.in_place != wants_in_place:
-            raise SystemExit(
-                f"{job['paths']['bundle']} has no in-place decoder step: delete its folder "
-                "to have `python -m bench.compare` export it again"
-            )
 
     def translate(self, sources: list[list[int]], beam: int, limit: int) -> list[list[int]]:
         from service.runtime.search import SearchOptions

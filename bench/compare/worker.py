@@ -67,6 +67,7 @@ def spawn(job: dict, work: Path) -> dict:
 def _job_files(job: dict, work: Path) -> tuple[Path, Path]:
     """The job written for the worker, and where its result will be (none there yet)."""
     slug = job["name"].replace(" ", "-")
+    work = work.resolve()  # (absolute: a --before-tree worker runs in another folder)
     job_path, result_path = work / f"job-{slug}.json", work / f"result-{slug}.json"
     job_path.write_text(json.dumps(job))
     result_path.unlink(missing_ok=True)
@@ -93,7 +94,7 @@ def spawn_interleaved(jobs: list[dict], work: Path) -> dict[str, dict]:
         ]
         process = subprocess.Popen(
             command,
-            cwd=ROOT,
+            cwd=job.get("tree", ROOT),  # another checkout's worker (--before-tree), or ours
             env=_environment(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

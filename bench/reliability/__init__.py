@@ -6,5 +6,5 @@ against its own `nmt serve` process on a free loopback port.
 Every subcommand prints and returns a result dict with a "nothing lost" count (every request sent
 got exactly one HTTP answer) and writes its own section of docs/reliability.md. Timings on a
 2-core machine shared with the load generator are noisy: they are reported, never asserted here;
-tests/test_reliability.py asserts only what a correct server guarantees on any CPU.
+tests/bench/test_reliability.py asserts only what a correct server guarantees on any CPU.
 """

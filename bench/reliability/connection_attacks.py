@@ -289,7 +289,7 @@ attacker's address (127.0.0.1) and sends the legitimate requests from {OTHER_CLI
 
 A 30 MB header "None": the client read no answer. The server answers 431 and closes once
 NMT_MAX_HEADER_BYTES have arrived, while this client is still writing, so its connection is
-reset before it reads (tests/test_connections.py reads that 431 from a client that stops).
+reset before it reads (tests/http/test_connections.py reads that 431 from a client that stops).
 
 Every status counted (None: no HTTP answer within {PROBE_TIMEOUT:g} s):
 {detail}

@@ -24,9 +24,9 @@ once to `build/models/fr-en`) with the default settings unless the section names
 (checked on both sides: the client's outcome and the server's access log, one line per request
 id); an unanswered request is lost unless the test itself caused it (a server told to stop).
 The machine has 2 cores, shared by the server and the load generator: timings are noisy and
-are reported, not asserted. `make test-slow` runs the short forms (`tests/test_reliability.py`),
-which assert only what a correct server guarantees on any CPU: no 5xx that is a fault,
-nothing lost, exit 0 after SIGTERM.
+are reported, not asserted. `make test-slow` runs the short forms
+(`tests/bench/test_reliability.py`), which assert only what a correct server guarantees on any
+CPU: no 5xx that is a fault, nothing lost, exit 0 after SIGTERM.
 """
 
 

@@ -1,5 +1,5 @@
-"""The short forms, for CI (`all --short` and tests/test_reliability.py): the same measurements,
-bounded to a few minutes in all on two cores."""
+"""The short forms, for CI (`all --short` and tests/bench/test_reliability.py): the same
+measurements, bounded to a few minutes in all on two cores."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def markdown_short(results: dict[str, dict[str, Any]]) -> str:
 .venv/bin/python -m bench.reliability all --short
 ```
 
-What `make test-slow` runs (`tests/test_reliability.py`, which asserts 0 5xx that are faults,
+What `make test-slow` runs (`tests/bench/test_reliability.py`, which asserts 0 5xx that are faults,
 nothing lost and exit 0): about 300 schemathesis cases, 150 hostile examples in both dialects,
 15 s of overload, one SIGTERM run past the shutdown timeout, 30 s of soak.
 

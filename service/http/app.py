@@ -1,8 +1,9 @@
-"""The FastAPI application: wiring only. Routes live in routes.py and libretranslate.py, the work
-in service/serving/: pipeline.py (requests), scheduler.py (batching) and registry.py (models).
+"""The FastAPI application: wiring only. Routes live in routes.py (native), libretranslate.py and
+deepl.py, each answering in its dialect (dialect.py); the work in service/serving/: requests.py,
+loop.py (the decoding loop) and registry.py (models).
 
 Models load in a background thread after startup, so that /healthz answers at once and /readyz
-says 503 until every model is loaded and warm. On shutdown the schedulers finish what was
+says 503 until every model is loaded and warm. On shutdown the decoding loops finish what was
 admitted before the process exits.
 """
 
@@ -23,15 +24,16 @@ from starlette.exceptions import HTTPException
 
 from service.http import deepl, libretranslate, routes
 from service.http.dependencies import require_api_key, require_api_key_for_metrics
+from service.http.dialect import Dialect
 from service.http.middleware import RequestContextMiddleware
 from service.http.pages import add_pages
 from service.serving.access import ApiKeys
 from service.serving.cache import TranslationCache
-from service.serving.errors import InternalError, InvalidInput, ServiceError
+from service.serving.errors import ServiceError
 from service.serving.lifecycle import Lifecycle
 from service.serving.metrics import Metrics, package_version
-from service.serving.pipeline import TranslationService
 from service.serving.registry import ModelRegistry
+from service.serving.requests import TranslationService
 from service.serving.settings import Settings
 
 log = logging.getLogger("nmt.app")
@@ -82,11 +84,8 @@ def create_app(
     app.include_router(routes.build_router(settings))
     app.include_router(libretranslate.build_router(settings))
     app.include_router(deepl.build_router(settings))
-    # Paths whose dialect names its error field otherwise than FastAPI's "detail".
-    error_keys = dict.fromkeys(libretranslate.PATHS, "error") | dict.fromkeys(
-        deepl.PATHS, "message"
-    )
-    app.state.error_key = lambda path: error_keys.get(path, "detail")
+    app.state.dialect_of = dialect_of
+    app.state.error_key = lambda path: dialect_of(path).error.key
     cors_origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if cors_origins:
         # Added first, so that it runs inside RequestContextMiddleware (the last one added is
@@ -105,7 +104,7 @@ def create_app(
         metrics=metrics,
         max_body_bytes=settings.max_body_bytes,
         access_log_enabled=settings.access_log,
-        error_keys=error_keys,
+        dialect_of=dialect_of,
         max_in_flight=settings.max_requests_in_flight,
         body_timeout=settings.body_timeout_seconds,
         retry_after=settings.retry_after_seconds,
@@ -115,6 +114,16 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     return app
+
+
+# The dialect of each path the other dialects claim; the native one answers every other path.
+DIALECT_OF_PATH = {
+    path: dialect for dialect in (libretranslate.LIBRE, deepl.DEEPL) for path in dialect.paths
+}
+
+
+def dialect_of(path: str) -> Dialect:
+    return DIALECT_OF_PATH.get(path, routes.NATIVE)
 
 
 def _load_models(service: TranslationService, lifecycle: Lifecycle) -> None:
@@ -131,17 +140,10 @@ def _load_models(service: TranslationService, lifecycle: Lifecycle) -> None:
 
 
 async def _service_error(request: Request, error: Exception) -> JSONResponse:
-    """FastAPI's `{"detail": ...}` body, with the status the error declares."""
+    """A service error from a native route, in the native dialect."""
     assert isinstance(error, ServiceError)
     request.state.error = str(error)
-    if isinstance(error, InvalidInput):  # shaped like pydantic's own 422 details
-        detail = [{"type": error.kind, "loc": list(error.location), "msg": error.message}]
-        return JSONResponse({"detail": detail}, error.status)
-    message = str(error)
-    if isinstance(error, InternalError):  # the server's fault: point at its log line
-        message = f"{message} (request id {request.state.request_id})"
-        log.error("internal error: %s", error, extra={"request_id": request.state.request_id})
-    return JSONResponse({"detail": message}, error.status, headers=error.headers() or None)
+    return routes.NATIVE.error_for(error, request).response()
 
 
 async def _validation_error(request: Request, error: Exception) -> JSONResponse:
@@ -177,7 +179,7 @@ async def _http_error(request: Request, error: Exception) -> Response:
     if error.status_code == 405:
         named = (error.headers or {}).get("Allow", "")
         error.headers = {**(error.headers or {}), "Allow": _allowed_methods(request, named)}
-    key = request.app.state.error_key(request.url.path)
+    key = dialect_of(request.url.path).error.key
     if key == "detail":
         return await http_exception_handler(request, error)
     return JSONResponse({key: error.detail}, error.status_code, headers=error.headers)

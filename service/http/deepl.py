@@ -17,31 +17,41 @@ docs/compatibility.md lists every field.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.documents import markup
-from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
-from service.http.dialect import BodyWording, Dialect, DialectError, read_body
+from service.http.dependencies import ApiKeysDep, ServiceDep, header_key
+from service.http.dialect import (
+    BodyWording,
+    Decoding,
+    Dialect,
+    DialectError,
+    read_body,
+    read_markup,
+    search_options,
+    translate_texts,
+    with_request_id,
+)
 from service.http.libretranslate import LANGUAGE_NAMES
+from service.http.limits import Limit, check_texts
 from service.http.middleware import admitted_at
-from service.runtime.search import SearchOptions
+from service.http.usage import billed_characters, character_usage
 from service.serving.errors import (
-    InternalError,
     InvalidApiKey,
     MissingApiKey,
     QuotaExceeded,
     ServiceError,
+    TextTooLong,
+    TooManyTexts,
     UnknownPair,
 )
-from service.serving.pipeline import TranslationService
+from service.serving.requests import TranslationService
 from service.serving.sentences import SplitMode
 from service.serving.settings import Settings
 
-PATHS = frozenset({"/v2/translate", "/v2/languages", "/v2/usage"})
 QUOTA_EXCEEDED = 456  # DeepL's own status for "quota exceeded"
 # DeepL's English targets; a bare "EN" is accepted too (DeepL deprecates it).
 REGIONAL_TARGETS = {"en": ("EN-GB", "EN-US"), "pt": ("PT-BR", "PT-PT")}
@@ -69,7 +79,7 @@ def build_router(settings: Settings) -> APIRouter:
         summary="DeepL-compatible translation (text, target_lang)",
         response_model=None,
         openapi_extra={"requestBody": _REQUEST_BODY},
-        responses={status: _error_doc(why) for status, why in DEEPL_ERRORS.items()},
+        responses={status: DeepLError.doc(why) for status, why in DEEPL_ERRORS.items()},
     )
     async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
         return await DEEPL.answer(
@@ -78,7 +88,7 @@ def build_router(settings: Settings) -> APIRouter:
 
     # DeepL answers both GET and POST here. One route per method, so that each has an
     # operationId of its own in /openapi.json (client generators reject duplicates).
-    languages, usage = _languages_route(), _usage_route(settings)
+    languages, usage = _languages_route(), _usage_route()
     for method in ("GET", "POST"):
         router.add_api_route(
             "/v2/languages",
@@ -87,7 +97,7 @@ def build_router(settings: Settings) -> APIRouter:
             operation_id=f"deepl_languages_{method.lower()}",
             summary="DeepL-compatible list of languages (type=source|target)",
             response_model=None,
-            responses={403: _error_doc(DEEPL_ERRORS[403])},
+            responses={403: DeepLError.doc(DEEPL_ERRORS[403])},
         )
         router.add_api_route(
             "/v2/usage",
@@ -96,7 +106,7 @@ def build_router(settings: Settings) -> APIRouter:
             operation_id=f"deepl_usage_{method.lower()}",
             summary="DeepL-compatible usage: characters translated and the limit",
             response_model=None,
-            responses={403: _error_doc(DEEPL_ERRORS[403])},
+            responses={403: DeepLError.doc(DEEPL_ERRORS[403])},
         )
     return router
 
@@ -114,14 +124,12 @@ def _languages_route():
     return languages
 
 
-def _usage_route(settings: Settings):
+def _usage_route():
     async def usage(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
         async def answer(fields: dict[str, Any]) -> JSONResponse:
+            count, limit = character_usage(service)
             # No limit configured: a limit no one reaches, as DeepL reports for unlimited plans.
-            limit = settings.character_limit or 10**12
-            return JSONResponse(
-                {"character_count": service.characters_translated, "character_limit": limit}
-            )
+            return JSONResponse({"character_count": count, "character_limit": limit or 10**12})
 
         return await DEEPL.answer(request, keys, answer)
 
@@ -132,6 +140,7 @@ DEEPL_BODY = BodyWording(
     invalid_json="Invalid JSON in the request body.",
     not_an_object="The request body must be a JSON object.",
     unreadable_form="Invalid form data in the request body: {detail}",
+    unreadable_markup="Tag handling parsing failed, please check input. ({detail})",
 )
 
 
@@ -168,55 +177,27 @@ async def _translate(
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise DeepLError(400, "Parameter 'text' must be a string or a list of strings.")
     settings = service.settings
-    if len(texts) > settings.max_texts_per_request:
-        raise DeepLError(
-            413,
-            f"Too many texts: {len(texts)}; at most {settings.max_texts_per_request} per request "
-            "(NMT_MAX_TEXTS_PER_REQUEST).",
-        )
-    for text in texts:
-        if len(text) > settings.max_chars_per_text:
-            raise DeepLError(
-                413,
-                f"A text has {len(text)} characters; at most {settings.max_chars_per_text} "
-                "(NMT_MAX_CHARS_PER_TEXT).",
-            )
+    check_texts(texts, settings)
     target = _target_language(fields.get("target_lang"))
     _refuse_what_cannot_be_honoured(fields)
     tags = _tag_handling(fields)
     split = tags.split if tags is not None else _split_mode(fields, "1")
-    limit = settings.max_sentences_per_request
-    documents = await _read_markup(texts, tags, limit) if tags is not None else None
+    documents = None
+    if tags is not None:
+        documents = await read_markup(texts, tags, settings, DeepLError, DEEPL_BODY)
     plain = [d.plain_text for d in documents] if documents is not None else texts
     source = await _source_language(service, fields.get("source_lang"), plain, target)
     model = service.model_for(source, target, admitted_at(request))
     request.state.model = model.name
-    options = SearchOptions(
-        beam_size=settings.default_beam_size,
-        length_penalty=settings.default_length_penalty,
-        max_length=settings.max_output_length,
-        max_repeats=settings.max_repeats,
-    )
-
-    def gone() -> Awaitable[None]:
-        return client_disconnected(request)
-
-    if documents is not None:
-        result = await markup.translate(service, model, documents, options, gone)
-        translated, counts = result.texts, result
-    else:
-        answer = await service.translate(model, texts, options, gone, split=split)
-        translated, counts = [item.text for item in answer.texts], answer
-    request.state.sentences = counts.sentences
-    request.state.input_tokens = counts.input_tokens
-    request.state.output_tokens = counts.output_tokens
+    options = search_options(Decoding(), settings, model)
+    found = await translate_texts(service, request, model, texts, options, documents, split)
     detected = source.upper()
+    billed = map(billed_characters, texts)  # DeepL's clients read the count
     return JSONResponse(
         {
             "translations": [
-                # DeepL bills the source characters; its clients read the count.
                 {"detected_source_language": detected, "text": text, "billed_characters": n}
-                for text, n in zip(translated, map(len, texts), strict=True)
+                for text, n in zip(found.texts, billed, strict=True)
             ]
         }
     )
@@ -264,18 +245,6 @@ def _tag_list(fields: dict[str, Any], name: str) -> frozenset[str]:
     return frozenset(tag.strip() for v in values for tag in v.split(",") if tag.strip())
 
 
-async def _read_markup(
-    texts: list[str], options: markup.MarkupOptions, max_sentences: int
-) -> list[markup.Document]:
-    """Parsed off the event loop when long (seconds of CPU for 64 texts of markup), and no
-    further than the sentence limit (413) where a request passes it."""
-    try:
-        return await markup.read_off_loop(texts, options, max_sentences)
-    except markup.MarkupError as error:
-        message = f"Tag handling parsing failed, please check input. ({error})"
-        raise DeepLError(400, message) from None
-
-
 def _target_language(value: Any) -> str:
     if not value:
         raise DeepLError(400, "Parameter 'target_lang' not specified.")
@@ -318,20 +287,26 @@ def _language_list(service: TranslationService, kind: str) -> list[dict[str, Any
     return listed
 
 
-def _as_deepl_error(error: ServiceError, request: Request) -> DeepLError:
-    """DeepL's status for a service error: it says 403 for any key problem and 456 for the
-    quota; anything else wrong with the request is a 400."""
-    message = str(error)
+def _as_deepl_error(error: ServiceError, request: Request, status: int) -> DeepLError:
+    """DeepL's wording for a service error."""
     if isinstance(error, MissingApiKey | InvalidApiKey):
-        return DeepLError(403, "Authorization failure, check auth_key.")
+        return DeepLError(status, "Authorization failure, check auth_key.")
     if isinstance(error, QuotaExceeded):
-        return DeepLError(QUOTA_EXCEEDED, f"Quota Exceeded: {error}")
-    if isinstance(error, UnknownPair):
+        return DeepLError(status, f"Quota Exceeded: {error}")
+    message = with_request_id(error, request)
+    if isinstance(error, TooManyTexts):
+        message = (
+            f"Too many texts: {error.count}; at most {error.limit} per request "
+            "(NMT_MAX_TEXTS_PER_REQUEST)."
+        )
+    elif isinstance(error, TextTooLong):
+        message = (
+            f"A text has {error.characters} characters; at most {error.limit} "
+            "(NMT_MAX_CHARS_PER_TEXT)."
+        )
+    elif isinstance(error, UnknownPair):
         supported = ", ".join(p.upper() for p in error.supported) or "none"
         message = f"Value for 'target_lang' or 'source_lang' not supported (pairs: {supported})."
-    if isinstance(error, InternalError):
-        message = f"{error} (request id {request.state.request_id})"
-    status = 400 if error.status in (401, 404, 422) else error.status
     return DeepLError(status, message, error.headers() or None)
 
 
@@ -345,11 +320,6 @@ DEEPL_ERRORS = {
     503: "models loading, or the server is shutting down",
     504: "not translated within NMT_REQUEST_TIMEOUT_SECONDS",
 }
-
-
-def _error_doc(description: str) -> dict:
-    schema = {"type": "object", "properties": {"message": {"type": "string"}}}
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 _REQUEST_BODY = {
@@ -377,4 +347,18 @@ _REQUEST_BODY = {
 }
 
 
-DEEPL = Dialect(DeepLError, _read_fields, _presented_key, _as_deepl_error)
+# DeepL says 413 for a request too large and 456 for the quota, 403 for any key problem;
+# anything else wrong with the request is a 400. (No DeepL answer carries alignment weights.)
+LIMIT_STATUS = {
+    Limit.TEXTS: 413, Limit.CHARACTERS: 413, Limit.SENTENCES: 413, Limit.TOKENS: 400,
+    Limit.ALIGNMENT: 413, Limit.BODY: 413, Limit.QUOTA: QUOTA_EXCEEDED,
+}  # fmt: skip
+DEEPL = Dialect(
+    DeepLError,
+    paths=frozenset({"/v2/translate", "/v2/languages", "/v2/usage"}),
+    limit_status=LIMIT_STATUS,
+    statuses={401: 403, 404: 400, 422: 400},
+    as_error=_as_deepl_error,
+    read_fields=_read_fields,
+    presented_key=_presented_key,
+)

@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 
 from service.serving.access import ApiKeys, key_from_headers
 from service.serving.metrics import Metrics
-from service.serving.pipeline import TranslationService
+from service.serving.requests import TranslationService
 
 
 async def translation_service(request: Request) -> TranslationService:

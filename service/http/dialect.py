@@ -1,16 +1,21 @@
-"""What the API dialects other than the native one (LibreTranslate, DeepL) share, written once:
-the error envelope, reading a JSON or form body, and the order in which a request is
-answered (fields, then key, then the work; every failure in the dialect's own body).
+"""What the API dialects (native, LibreTranslate, DeepL) share, written once: the error
+envelope, each limit's status, the decoding settings a request asks for, reading a JSON or form
+body, and the order in which a request is answered (fields, then key, then the work; every
+failure in the dialect's own body).
 
-Each dialect declares only what differs: its error field ("error" or "message"), its wording
-for an unreadable body, how form fields become values, where its key may be, and how a
-ServiceError maps onto its statuses.
+Each dialect declares only what differs: its error field ("detail", "error" or "message"), its
+status for every limit (limits.py) and for the other service errors it says otherwise, its
+wording, and (LibreTranslate, DeepL) how it reads its fields and where its key may be. The
+native dialect reads its fields through FastAPI's request schema (schemas.py). LibreTranslate
+and DeepL read markup and translate through the same two functions here, which account what
+a request used (usage.py).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -19,22 +24,182 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 
-from service.http.dependencies import header_key
+from service.documents import markup
+from service.http.dependencies import client_disconnected, header_key
+from service.http.limits import Limit, limit_of
+from service.http.usage import account
+from service.runtime.search import SearchOptions
 from service.serving.access import ApiKeys
-from service.serving.errors import ServiceError
+from service.serving.errors import InternalError, InvalidInput, ServiceError
+from service.serving.registry import LoadedModel
+from service.serving.requests import TranslationService
+from service.serving.sentences import SplitMode
+from service.serving.settings import Settings
+
+log = logging.getLogger("nmt.app")
 
 
 class DialectError(Exception):
-    """An answer in a dialect's error body, `{key: message}`, with its status."""
+    """An answer in a dialect's error body, `{key: message}` (or `{key: detail}` where the body
+    carries more than the message), with its status."""
 
     key: ClassVar[str]
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        self.status, self.message, self.headers = status, message, headers
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        detail: Any = None,
+    ) -> None:
+        self.status, self.message, self.headers, self.detail = status, message, headers, detail
         super().__init__(message)
 
     def response(self) -> JSONResponse:
-        return JSONResponse({self.key: self.message}, self.status, headers=self.headers)
+        body = {self.key: self.message if self.detail is None else self.detail}
+        return JSONResponse(body, self.status, headers=self.headers)
+
+    @classmethod
+    def doc(cls, description: str) -> dict:
+        """This body in an OpenAPI `responses` entry."""
+        properties = {cls.key: {"type": "string"}}
+        schema = {"type": "object", "required": [cls.key], "properties": properties}
+        return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def with_request_id(error: ServiceError, request: Request) -> str:
+    """The error's message; a server fault's names the request id, to find its log line."""
+    if isinstance(error, InternalError):
+        return f"{error} (request id {request.state.request_id})"
+    return str(error)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    error: type[DialectError]
+    paths: frozenset[str]  # the paths that answer in this dialect
+    # This dialect's status for each limit (every Limit: checked when it is made).
+    limit_status: Mapping[Limit, int]
+    # The service errors' statuses this dialect says otherwise (the error's own -> this one's).
+    statuses: Mapping[int, int]
+    # The dialect's answer for a service error, with the status it has in this dialect.
+    as_error: Callable[[ServiceError, Request, int], DialectError]
+    # Dialects that read their own fields (not through FastAPI's request schema): how, and
+    # the key a request presents (the headers', or a field of the dialect's own) or None.
+    read_fields: Callable[[Request], Awaitable[dict[str, Any]]] | None = None
+    presented_key: Callable[[Request, dict[str, Any]], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        missing = set(Limit) - set(self.limit_status)
+        if missing:
+            raise ValueError(f"{self.error.__name__}: no status for {sorted(missing)}")
+
+    def status_of(self, error: ServiceError) -> int:
+        limit = limit_of(error)
+        if limit is not None:
+            return self.limit_status[limit]
+        return self.statuses.get(error.status, error.status)
+
+    def error_for(self, error: ServiceError, request: Request) -> DialectError:
+        if isinstance(error, InternalError):  # the server's fault: its log line, by request id
+            log.error("internal error: %s", error, extra={"request_id": request.state.request_id})
+        return self.as_error(error, request, self.status_of(error))
+
+    async def answer(
+        self,
+        request: Request,
+        keys: ApiKeys,
+        respond: Callable[[dict[str, Any]], Awaitable[JSONResponse]],
+    ) -> JSONResponse:
+        """Read the fields, check the key, respond; every failure in the dialect's body."""
+        assert self.read_fields is not None and self.presented_key is not None
+        try:
+            try:
+                fields = await self.read_fields(request)
+            except DialectError:  # a body that cannot be read holds no key: the header's first
+                keys.check(header_key(request))
+                raise
+            keys.check(self.presented_key(request, fields))
+            return await respond(fields)
+        except DialectError as error:
+            request.state.error = error.message
+            return error.response()
+        except ServiceError as error:
+            answer = self.error_for(error, request)
+            request.state.error = answer.message
+            return answer.response()
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What a request asks of the decoder, in any dialect's fields; None: the server's
+    default (NMT_DEFAULT_BEAM_SIZE, at least n_best; NMT_MAX_OUTPUT_LENGTH;
+    NMT_DEFAULT_LENGTH_PENALTY; the last decoder layer)."""
+
+    beam_size: int | None = None
+    n_best: int = 1
+    max_length: int | None = None
+    length_penalty: float | None = None
+    alignment: bool = False
+    alignment_layer: int | None = None
+    alignment_heads: bool = False
+
+
+def search_options(decoding: Decoding, settings: Settings, model: LoadedModel) -> SearchOptions:
+    """The SearchOptions of a request to `model`, with the server's defaults and repetition
+    guard. The alignment layer is checked here, against the model's decoder layers (a 422 in
+    the native API), whether or not alignment is asked for."""
+    layer = decoding.alignment_layer
+    if layer is not None:
+        layers = model.bundle.dims["decoder_layers"]
+        if not 0 <= layer < layers:
+            raise InvalidInput(
+                "alignment_layer",
+                f"is {layer}; {model.name} has {layers} decoder layers: 0 to {layers - 1}",
+                field="alignment_layer",
+            )
+    penalty = decoding.length_penalty
+    return SearchOptions(
+        beam_size=decoding.beam_size or max(settings.default_beam_size, decoding.n_best),
+        length_penalty=settings.default_length_penalty if penalty is None else penalty,
+        n_best=decoding.n_best,
+        max_length=decoding.max_length or settings.max_output_length,
+        alignment=decoding.alignment,
+        max_repeats=settings.max_repeats,
+        alignment_layer=-1 if layer is None else layer,
+        alignment_heads=decoding.alignment_heads,
+    )
+
+
+@dataclass
+class Translated:
+    texts: list[str]
+    alternatives: list[list[str]]  # each text's, after the best (none for markup)
+
+
+async def translate_texts(
+    service: TranslationService,
+    request: Request,
+    model: LoadedModel,
+    texts: list[str],
+    options: SearchOptions,
+    documents: list[markup.Document] | None = None,
+    split: SplitMode = "sentences",
+) -> Translated:
+    """The texts translated, or the documents read from them with their markup carried; what
+    the request used accounted."""
+
+    def gone() -> Awaitable[None]:
+        return client_disconnected(request)
+
+    if documents is not None:
+        written = await markup.translate(service, model, documents, options, gone)
+        account(request, len(texts), written)
+        return Translated(written.texts, [[] for _ in documents])
+    result = await service.translate(model, texts, options, gone, split=split)
+    account(request, len(texts), result)
+    others = [[a.text for a in item.n_best[1:]] for item in result.texts]
+    return Translated([item.text for item in result.texts], others)
 
 
 @dataclass(frozen=True)
@@ -44,6 +209,7 @@ class BodyWording:
     invalid_json: str
     not_an_object: str
     unreadable_form: str  # with "{detail}": Starlette's reason
+    unreadable_markup: str  # with "{detail}": what the markup parser said
 
 
 async def read_body(
@@ -70,33 +236,16 @@ async def read_body(
     return None
 
 
-@dataclass(frozen=True)
-class Dialect:
-    error: type[DialectError]
-    read_fields: Callable[[Request], Awaitable[dict[str, Any]]]
-    # The key a request presents (the headers', or a field of the dialect's own), or None.
-    presented_key: Callable[[Request, dict[str, Any]], str | None]
-    as_error: Callable[[ServiceError, Request], DialectError]
-
-    async def answer(
-        self,
-        request: Request,
-        keys: ApiKeys,
-        respond: Callable[[dict[str, Any]], Awaitable[JSONResponse]],
-    ) -> JSONResponse:
-        """Read the fields, check the key, respond; every failure in the dialect's body."""
-        try:
-            try:
-                fields = await self.read_fields(request)
-            except DialectError:  # a body that cannot be read holds no key: the header's first
-                keys.check(header_key(request))
-                raise
-            keys.check(self.presented_key(request, fields))
-            return await respond(fields)
-        except DialectError as error:
-            request.state.error = error.message
-            return error.response()
-        except ServiceError as error:
-            answer = self.as_error(error, request)
-            request.state.error = answer.message
-            return answer.response()
+async def read_markup(
+    texts: list[str],
+    options: markup.MarkupOptions,
+    settings: Settings,
+    error: type[DialectError],
+    wording: BodyWording,
+) -> list[markup.Document]:
+    """Parsed off the event loop when long (seconds of CPU for 64 texts of markup), and no
+    further than the sentence limit where a request passes it."""
+    try:
+        return await markup.read_off_loop(texts, options, settings.max_sentences_per_request)
+    except markup.MarkupError as failure:
+        raise error(400, wording.unreadable_markup.format(detail=failure)) from None

@@ -18,20 +18,30 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.documents import markup
-from service.http.dependencies import ApiKeysDep, ServiceDep, client_disconnected, header_key
-from service.http.dialect import BodyWording, Dialect, DialectError, read_body
+from service.http.dependencies import ApiKeysDep, ServiceDep, header_key
+from service.http.dialect import (
+    BodyWording,
+    Decoding,
+    Dialect,
+    DialectError,
+    read_body,
+    read_markup,
+    search_options,
+    translate_texts,
+    with_request_id,
+)
+from service.http.limits import Limit, check_texts
 from service.http.middleware import admitted_at
-from service.runtime.search import SearchOptions
 from service.serving.errors import (
-    InternalError,
     InvalidApiKey,
     InvalidInput,
     MissingApiKey,
     ServiceError,
+    TextTooLong,
+    TooManyTexts,
     UnknownPair,
 )
-from service.serving.pipeline import TranslationService
-from service.serving.registry import LoadedModel
+from service.serving.requests import TranslationService
 from service.serving.settings import Settings
 
 LANGUAGE_NAMES = {
@@ -40,8 +50,6 @@ LANGUAGE_NAMES = {
     "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian",
     "zh": "Chinese",
 }  # fmt: skip
-
-PATHS = frozenset({"/translate", "/detect", "/languages", "/frontend/settings"})
 
 
 class LibreError(DialectError):
@@ -60,15 +68,6 @@ LIBRE_ERRORS = {
     503: "models loading, or the server is shutting down",
     504: "not translated within NMT_REQUEST_TIMEOUT_SECONDS",
 }
-
-
-def _error_response(description: str) -> dict:
-    schema = {
-        "type": "object",
-        "required": ["error"],
-        "properties": {"error": {"type": "string"}},
-    }
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def build_router(settings: Settings) -> APIRouter:
@@ -118,7 +117,7 @@ def build_router(settings: Settings) -> APIRouter:
                 "alternatives and detectedLanguage when they apply)",
                 "content": {"application/json": {"schema": {"type": "object"}}},
             },
-            **{status: _error_response(why) for status, why in LIBRE_ERRORS.items()},
+            **{status: LibreError.doc(why) for status, why in LIBRE_ERRORS.items()},
         },
     )
     async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
@@ -130,7 +129,7 @@ def build_router(settings: Settings) -> APIRouter:
         "/detect",
         summary="LibreTranslate-compatible language detection (q)",
         response_model=None,
-        responses={status: _error_response(LIBRE_ERRORS[status]) for status in (400, 403, 429)},
+        responses={status: LibreError.doc(LIBRE_ERRORS[status]) for status in (400, 403, 429)},
     )
     async def detect(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
         async def respond(fields: dict[str, Any]) -> JSONResponse:
@@ -140,7 +139,7 @@ def build_router(settings: Settings) -> APIRouter:
             texts = q if isinstance(q, list) else [q]
             if not all(isinstance(text, str) for text in texts):
                 raise LibreError(400, "Invalid request: q must be a string or a list of strings")
-            _check_limits(texts, settings)
+            check_texts(q, settings)
             found = []
             for index, text in enumerate(texts):
                 detections = await service.detect(text, index)
@@ -193,6 +192,7 @@ LIBRE_BODY = BodyWording(
     invalid_json="Invalid JSON format",
     not_an_object="Invalid JSON format",
     unreadable_form="Invalid request: unreadable form body: {detail}",
+    unreadable_markup="Invalid request: {detail}",
 )
 
 
@@ -218,22 +218,6 @@ def _presented_key(request: Request, fields: dict[str, Any]) -> str | None:
     return api_key or header_key(request)
 
 
-def _check_limits(texts: list[str], settings: Settings) -> None:
-    if len(texts) > settings.max_texts_per_request:
-        raise LibreError(
-            400,
-            f"Invalid request: request ({len(texts)}) exceeds text limit "
-            f"({settings.max_texts_per_request})",
-        )
-    for text in texts:
-        if len(text) > settings.max_chars_per_text:
-            raise LibreError(
-                400,
-                f"Invalid request: request ({len(text)}) exceeds text limit "
-                f"({settings.max_chars_per_text})",
-            )
-
-
 async def _translate(
     service: TranslationService, settings: Settings, request: Request, fields: dict[str, Any]
 ) -> JSONResponse:
@@ -248,14 +232,16 @@ async def _translate(
     for name, value in (("source", source), ("target", target)):
         if not isinstance(value, str):
             raise LibreError(400, f"Invalid request: {name} must be a string")
-    _check_limits(texts, settings)
+    check_texts(q, settings)
     text_format = fields.get("format") or "text"
     if text_format not in ("text", "html"):
         raise LibreError(400, f"{text_format} format is not supported")
     alternatives = _alternatives(fields.get("alternatives"), settings.max_beam_size - 1)
     # HTML: parsed first, so that detection reads the text, not the tags.
-    limit = settings.max_sentences_per_request
-    documents = await _read_html(texts, limit) if text_format == "html" else None
+    documents = None
+    if text_format == "html":
+        html = markup.MarkupOptions(kind="html")
+        documents = await read_markup(texts, html, settings, LibreError, LIBRE_BODY)
 
     detected = None
     if source == "auto":
@@ -265,69 +251,15 @@ async def _translate(
         detected = {"confidence": found.confidence, "language": found.language}
     model = service.model_for(source, target, admitted_at(request))
     request.state.model = model.name
-    options = SearchOptions(
-        beam_size=max(settings.default_beam_size, alternatives + 1),
-        length_penalty=settings.default_length_penalty,
-        n_best=alternatives + 1,
-        max_length=settings.max_output_length,
-        max_repeats=settings.max_repeats,
-    )
-    if documents is not None:
-        translated, others = await _translate_html(service, model, documents, options, request)
-    else:
-        translated, others = await _translate_text(service, model, texts, options, request)
-    body: dict[str, Any] = {"translatedText": translated if batch else translated[0]}
+    options = search_options(Decoding(n_best=alternatives + 1), settings, model)
+    # No alternatives for HTML: LibreTranslate gives none either.
+    found = await translate_texts(service, request, model, texts, options, documents)
+    body: dict[str, Any] = {"translatedText": found.texts if batch else found.texts[0]}
     if alternatives:
-        body["alternatives"] = others if batch else others[0]
+        body["alternatives"] = found.alternatives if batch else found.alternatives[0]
     if detected:
         body["detectedLanguage"] = [detected] * len(texts) if batch else detected
     return JSONResponse(body)
-
-
-async def _read_html(texts: list[str], max_sentences: int) -> list[markup.Document]:
-    """Parsed off the event loop when long (seconds of CPU for 64 texts of markup), and no
-    further than the sentence limit (413) where a request passes it."""
-    try:
-        options = markup.MarkupOptions(kind="html")
-        return await markup.read_off_loop(texts, options, max_sentences)
-    except markup.MarkupError as error:
-        raise LibreError(400, f"Invalid request: {error}") from None
-
-
-async def _translate_text(
-    service: TranslationService,
-    model: LoadedModel,
-    texts: list[str],
-    options: SearchOptions,
-    request: Request,
-) -> tuple[list[str], list[list[str]]]:
-    """Translations and their alternatives."""
-    result = await service.translate(model, texts, options, lambda: client_disconnected(request))
-    _account(request, result.sentences, result.input_tokens, result.output_tokens)
-    others = [[a.text for a in item.n_best[1:]] for item in result.texts]
-    return [item.text for item in result.texts], others
-
-
-async def _translate_html(
-    service: TranslationService,
-    model: LoadedModel,
-    documents: list[markup.Document],
-    options: SearchOptions,
-    request: Request,
-) -> tuple[list[str], list[list[str]]]:
-    """Translated markup; no alternatives (LibreTranslate gives none for HTML either)."""
-    result = await markup.translate(
-        service, model, documents, options, lambda: client_disconnected(request)
-    )
-    _account(request, result.sentences, result.input_tokens, result.output_tokens)
-    return result.texts, [[] for _ in documents]
-
-
-def _account(request: Request, sentences: int, input_tokens: int, output_tokens: int) -> None:
-    """What the access log reports of a request."""
-    request.state.sentences = sentences
-    request.state.input_tokens = input_tokens
-    request.state.output_tokens = output_tokens
 
 
 def _alternatives(value: Any, most: int) -> int:
@@ -350,13 +282,16 @@ def _alternatives(value: Any, most: int) -> int:
     return count
 
 
-def _as_libre_error(error: ServiceError, request: Request) -> LibreError:
-    """LibreTranslate's status and wording for a service error. Its clients expect 400 for
-    anything wrong with the request (an unknown language, a limit, a missing key), so those
-    become 400; other statuses (403, 429, 503, ...) are the error's own."""
-    status = 400 if error.status in (401, 404, 413, 422) else error.status
-    message = str(error)
-    if isinstance(error, UnknownPair):
+def _as_libre_error(error: ServiceError, request: Request, status: int) -> LibreError:
+    """LibreTranslate's wording for a service error."""
+    message = with_request_id(error, request)
+    if isinstance(error, TooManyTexts):
+        message = f"Invalid request: request ({error.count}) exceeds text limit ({error.limit})"
+    elif isinstance(error, TextTooLong):
+        message = (
+            f"Invalid request: request ({error.characters}) exceeds text limit ({error.limit})"
+        )
+    elif isinstance(error, UnknownPair):
         supported = [pair.split("-", 1) for pair in error.supported]
         if error.source_lang not in {source for source, _ in supported}:
             message = f"{error.source_lang} is not supported"
@@ -375,9 +310,22 @@ def _as_libre_error(error: ServiceError, request: Request) -> LibreError:
         message = "Invalid API key"
     elif status == 429:
         message = f"Slowdown: {error}"
-    elif isinstance(error, InternalError):
-        message = f"{error} (request id {request.state.request_id})"
     return LibreError(status, message, error.headers() or None)
 
 
-LIBRE = Dialect(LibreError, _read_fields, _presented_key, _as_libre_error)
+# LibreTranslate's clients expect 400 for anything wrong with the request (an unknown language,
+# a limit, a missing key); a body too large is refused before it is read (413), and other
+# statuses (403, 429, 503, ...) are the error's own. (No answer carries alignment weights.)
+LIMIT_STATUS = {
+    Limit.TEXTS: 400, Limit.CHARACTERS: 400, Limit.SENTENCES: 400, Limit.TOKENS: 400,
+    Limit.ALIGNMENT: 400, Limit.BODY: 413, Limit.QUOTA: 429,
+}  # fmt: skip
+LIBRE = Dialect(
+    LibreError,
+    paths=frozenset({"/translate", "/detect", "/languages", "/frontend/settings"}),
+    limit_status=LIMIT_STATUS,
+    statuses={401: 400, 404: 400, 422: 400},
+    as_error=_as_libre_error,
+    read_fields=_read_fields,
+    presented_key=_presented_key,
+)

@@ -17,12 +17,16 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.serving.errors import CLIENT_CLOSED_REQUEST
+from service.serving.errors import CLIENT_CLOSED_REQUEST, BodyTooLarge
 from service.serving.metrics import Metrics
+
+if TYPE_CHECKING:  # the dialects' routes import this module
+    from service.http.dialect import Dialect
 
 access_log = logging.getLogger("nmt.access")
 log = logging.getLogger("nmt.http")
@@ -71,12 +75,13 @@ class RequestContextMiddleware:
         app: ASGIApp,
         metrics: Metrics,
         max_body_bytes: int,
+        dialect_of: Callable[[str], Dialect],
         access_log_enabled: bool = True,
-        error_keys: dict[str, str] | None = None,
         max_in_flight: int = 256,
         body_timeout: float = 10.0,
         retry_after: int = 1,
         cors_origins: list[str] | None = None,
+        larger_bodies: Mapping[str, int] | None = None,
     ) -> None:
         self.app = app
         # The CORS middleware runs inside this one (so that its preflights get the request id
@@ -85,14 +90,17 @@ class RequestContextMiddleware:
         self.cors_origins = set(cors_origins or [])
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        # Paths (by prefix) whose bodies may be larger: glossary uploads carry up to
+        # NMT_MAX_GLOSSARY_BYTES of entries.
+        self.larger_bodies = dict(larger_bodies or {})
         self.max_in_flight = max_in_flight
         self.body_timeout = body_timeout
         self.retry_after = retry_after
         self.in_flight = 0  # requests past admission, not yet answered (one event loop)
         self.access_log_enabled = access_log_enabled
-        # Paths whose dialect names its error field otherwise than FastAPI's "detail"
-        # (LibreTranslate: "error", DeepL: "message").
-        self.error_keys = error_keys or {}
+        # The dialect of a path: its error field ("detail", "error", "message") and the status
+        # it gives a body past the limit.
+        self.dialect_of = dialect_of
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -120,9 +128,10 @@ class RequestContextMiddleware:
         state["admitted_at"] = time.monotonic()
         self.metrics.requests_in_progress.inc()
         try:
-            replay = await self._read_body(scope, receive)
+            limit = self.body_limit(scope.get("path", ""))
+            replay = await self._read_body(scope, receive, limit)
             if replay is None:
-                await self._too_large(scope, send_with_id)
+                await self._too_large(scope, send_with_id, limit)
             elif replay == "timeout":
                 state["error"] = "body timeout"
                 await self._send_error(
@@ -160,14 +169,23 @@ class RequestContextMiddleware:
             if self.access_log_enabled and (status != 200 or route not in QUIET_ROUTES):
                 self._log(scope, state, route, status, seconds)
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> Receive | str | None:
+    def body_limit(self, path: str) -> int:
+        """The largest body a request to `path` may send."""
+        for prefix, limit in self.larger_bodies.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return max(limit, self.max_body_bytes)
+        return self.max_body_bytes
+
+    async def _read_body(
+        self, scope: Scope, receive: Receive, limit: int
+    ) -> Receive | str | None:
         """Read the whole body up front, refusing it past the limit (None) or when it has not
         all arrived within the body timeout ("timeout": one deadline for the whole body, not
         per pause, so a byte every few seconds does not hold the connection for ever), and
         give the app a `receive` that replays it and then passes through (to report the
         disconnect)."""
         for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
                 return None
         chunks: list[bytes] = []
         size = 0
@@ -182,7 +200,7 @@ class RequestContextMiddleware:
                 break
             body = message.get("body", b"")
             size += len(body)
-            if size > self.max_body_bytes:
+            if size > limit:
                 return None
             chunks.append(body)
             if not message.get("more_body", False):
@@ -197,10 +215,11 @@ class RequestContextMiddleware:
 
         return replay
 
-    async def _too_large(self, scope: Scope, send: Send) -> None:
-        message = f"request body is larger than {self.max_body_bytes} bytes (NMT_MAX_BODY_BYTES)"
+    async def _too_large(self, scope: Scope, send: Send, limit: int) -> None:
+        error = BodyTooLarge(limit)
+        status = self.dialect_of(scope.get("path", "")).status_of(error)
         # The rest of the body is unread: the connection cannot carry another request.
-        await self._send_error(scope, send, 413, message, close=True)
+        await self._send_error(scope, send, status, str(error), close=True)
 
     async def _overloaded(self, scope: Scope, send: Send) -> None:
         message = (
@@ -224,7 +243,7 @@ class RequestContextMiddleware:
         close: bool,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        key = self.error_keys.get(scope.get("path", ""), "detail")
+        key = self.dialect_of(scope.get("path", "")).error.key
         body = json.dumps({key: message}).encode()
         headers = [
             (b"content-type", b"application/json"),

@@ -1,5 +1,6 @@
 """The native routes: thin. Each one reads its input, asks the TranslationService, and shapes
-the answer; failures are ServiceErrors that app.py turns into status codes.
+the answer; failures are ServiceErrors that app.py answers in the native dialect (NATIVE:
+FastAPI's `{"detail": ...}`, pydantic's list of problems for invalid input).
 
 No `from __future__ import annotations` here: FastAPI must see the request model class itself
 in the route's signature, and that class is made at runtime from the settings.
@@ -15,6 +16,8 @@ from service.http.dependencies import (
     require_api_key,
     require_api_key_for_metrics,
 )
+from service.http.dialect import Dialect, DialectError, search_options, with_request_id
+from service.http.limits import Limit, check_texts
 from service.http.middleware import admitted_at
 from service.http.schemas import (
     ModelInfo,
@@ -24,8 +27,39 @@ from service.http.schemas import (
     TranslateResponse,
     translate_request_model,
 )
-from service.serving.pipeline import RequestResult, off_loop
+from service.http.usage import account
+from service.serving.errors import InvalidInput, ServiceError
+from service.serving.requests import RequestResult, off_loop
 from service.serving.settings import Settings
+
+
+class NativeError(DialectError):
+    key = "detail"
+
+
+def _as_native_error(error: ServiceError, request: Request, status: int) -> NativeError:
+    if isinstance(error, InvalidInput):  # shaped like pydantic's own 422 details
+        problem: dict = {"type": error.kind, "loc": list(error.location), "msg": error.message}
+        if error.context is not None:
+            problem["ctx"] = error.context
+        return NativeError(status, error.message, detail=[problem])
+    return NativeError(status, with_request_id(error, request), error.headers() or None)
+
+
+# 422 for a request that breaks a limit on what it holds, 413 for too much work, 429 for the
+# quota: each error's own status.
+LIMIT_STATUS = {
+    Limit.TEXTS: 422, Limit.CHARACTERS: 422, Limit.SENTENCES: 413, Limit.TOKENS: 422,
+    Limit.ALIGNMENT: 413, Limit.BODY: 413, Limit.QUOTA: 429,
+}  # fmt: skip
+# Every path the other dialects do not claim.
+NATIVE = Dialect(
+    NativeError,
+    paths=frozenset(),
+    limit_status=LIMIT_STATUS,
+    statuses={},
+    as_error=_as_native_error,
+)
 
 ERROR_RESPONSES: dict[int | str, dict] = {
     400: {"model": Problem, "description": "a body that is not valid JSON (or not UTF-8)"},
@@ -70,16 +104,14 @@ def build_router(settings: Settings) -> APIRouter:
         request: Request,
         service: ServiceDep,
     ) -> Response:
+        check_texts(body.text, settings)
         model = service.model_for(body.source_lang, body.target_lang, admitted_at(request))
         request.state.model = model.name
-        options = body.search_options(settings.max_repeats)
+        options = search_options(body.decoding(), settings, model)
         result = await service.translate(
             model, body.texts, options, lambda: client_disconnected(request)
         )
-        request.state.texts = len(result.texts)
-        request.state.sentences = result.sentences
-        request.state.input_tokens = result.input_tokens
-        request.state.output_tokens = result.output_tokens
+        account(request, len(body.texts), result)
         return await _json_answer(result, body)
 
     @router.get(

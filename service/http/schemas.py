@@ -1,26 +1,24 @@
 """Request and response bodies of the native API (`/v1/...`), as pydantic models.
 
-The request model is built from the settings, so that its limits are the configured ones and
-show in the OpenAPI schema (/docs). A value past a limit is a 422 whose message names the field
-and the limit (pydantic's own wording for numbers, ours for the texts).
+The request model is built from the settings, so that its bounds are the configured ones and
+show in the OpenAPI schema (/docs): a value past one is a 422 in pydantic's wording. The texts'
+limits are checked with every dialect's (limits.py), and the alignment layer against the
+model's layers (dialect.search_options), each once; the schema only documents them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError
 
-from service.runtime.search import SearchOptions
-from service.serving.pipeline import RequestResult, SentenceAlignment
+from service.http.dialect import Decoding
+from service.serving.requests import RequestResult, SentenceAlignment
 from service.serving.settings import Settings
 
 MAX_LANG_CODE = 16
-
-
-# Above any decoder's depth: the model's own limit is checked when the request runs.
-MAX_LAYER = 63
+LAYER_SCHEMA = {"type": "integer", "minimum": 0}
 
 
 class TranslateRequestBase(BaseModel):
@@ -44,16 +42,15 @@ class TranslateRequestBase(BaseModel):
     def texts(self) -> list[str]:
         return [self.text] if isinstance(self.text, str) else list(self.text)
 
-    def search_options(self, max_repeats: int = 0) -> SearchOptions:
-        """The decoding settings asked for, with the server's repetition guard."""
-        return SearchOptions(
+    def decoding(self) -> Decoding:
+        """What this request asks of the decoder (every field has its default already)."""
+        return Decoding(
             beam_size=self.beam_size,
-            length_penalty=self.length_penalty,
             n_best=self.n_best,
             max_length=self.max_length,
+            length_penalty=self.length_penalty,
             alignment=self.return_alignment,
-            max_repeats=max_repeats,
-            alignment_layer=-1 if self.alignment_layer is None else self.alignment_layer,
+            alignment_layer=self.alignment_layer,
             alignment_heads=self.alignment_heads == "all",
         )
 
@@ -121,41 +118,19 @@ def translate_request_model(settings: Settings) -> type[TranslateRequestBase]:
             strict=True,
             description="add per-sentence cross-attention (source x target weights)",
         )
-        alignment_layer: int | None = Field(
+        # Documented from 0, checked against the model's layers (dialect.search_options).
+        alignment_layer: Annotated[int, WithJsonSchema(LAYER_SCHEMA)] | None = Field(
             None,
-            ge=0,
-            le=MAX_LAYER,
             strict=True,
             description="with return_alignment: the decoder layer whose cross-attention is "
-            "returned, 0 = first; default: the last, which aligns best (docs/attention.md)",
+            "returned, 0 = first, below the model's decoder_layers (GET /v1/models); default: "
+            "the last, which aligns best (docs/attention.md)",
         )
         alignment_heads: Literal["mean", "all"] = Field(
             "mean",
             description="with return_alignment: 'mean' averages the layer's heads; 'all' also "
             "returns each head's weights (head_weights)",
         )
-
-        @field_validator("text")
-        @classmethod
-        def _within_text_limits(cls, value: str | list[str]) -> str | list[str]:
-            texts = [value] if isinstance(value, str) else value
-            if len(texts) > max_texts:
-                raise PydanticCustomError(
-                    "too_many_texts",
-                    "text has {count} texts; the limit is {limit} texts per request "
-                    "(NMT_MAX_TEXTS_PER_REQUEST)",
-                    {"count": len(texts), "limit": max_texts},
-                )
-            for index, text in enumerate(texts):
-                if len(text) > max_chars:
-                    where = "text" if isinstance(value, str) else f"text[{index}]"
-                    raise PydanticCustomError(
-                        "text_too_long",
-                        "{where} has {count} characters; the limit is {limit} characters per "
-                        "text (NMT_MAX_CHARS_PER_TEXT)",
-                        {"where": where, "count": len(text), "limit": max_chars},
-                    )
-            return value
 
         @model_validator(mode="after")
         def _n_best_within_beam(self) -> TranslateRequest:

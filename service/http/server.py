@@ -2,7 +2,7 @@
 
 On SIGTERM (or Ctrl-C) the server turns not-ready and refuses new translations with 503,
 uvicorn stops accepting connections and waits for the requests in flight (at most
-NMT_SHUTDOWN_TIMEOUT_SECONDS), the schedulers finish their queues, and the process exits 0.
+NMT_SHUTDOWN_TIMEOUT_SECONDS), the decoding loops finish their queues, and the process exits 0.
 If the models cannot be loaded, it exits 1 with the reason in the log.
 """
 

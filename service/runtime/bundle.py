@@ -54,13 +54,9 @@ class Bundle:
         return bool(self.manifest.get("decoding", {}).get("force_eos_at_limit", False))
 
     def graph(self, role: str, int8: bool = False) -> Path:
-        """Path of a graph ("encoder", "decoder", "decoder_nocache", "decoder_shortlist"),
-        fp32 or int8."""
+        """Path of a graph ("encoder", "decoder", "decoder_shortlist"), fp32 or int8."""
         if role not in self.manifest["graphs"]:
-            raise BundleError(
-                f"{self.path} has no {role} graph (exported with --serving-only): "
-                "re-export it without that option"
-            )
+            raise BundleError(f"{self.path} has no {role} graph: re-export it with `nmt export`")
         name = self.manifest["graphs"][role]
         if int8:
             if not self.has_int8:

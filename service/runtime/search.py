@@ -1,72 +1,64 @@
-"""Batched greedy and beam search over a fixed set of sentences.
+"""What a search is asked to do and what it gives back, for one sentence.
 
-The search itself lives in running_batch.py: a `RunningBatch` decodes any set of sentences
-step by step, letting sentences join and leave between steps (the server's continuous
-batching uses it that way). Searching a fixed set is the special case where every sentence
-joins at step 0 and nobody joins later: that is `search` here, for the CLI, the warm-up and
-the benchmarks.
+The decoding itself is split by concept:
+* running_batch.py: the rows being decoded, which sentences join and leave between steps;
+* strategies.py: how a row's next token is chosen (greedy, beam), one class each;
+* kv_cache.py: the keys and values those rows attend to;
+* engine.py: the ONNX Runtime sessions that run the encoder and a decoder step.
 
-Unlike the torch reference (export/decoding.py), rows stop costing compute when they are
-done: finished greedy rows and finished beam sentences leave the batch (and their caches) at
-once, and source padding that no remaining row needs is cut from the cross-attention
-keys/values. So do the sentences nobody waits for any more (their request timed out or its
-client left): the caller's `abandoned` callback names them between steps, and they come back
-with no hypothesis.
+Same conventions as the torch reference (export/decoding.py), written once in nmt_contract:
+* a sentence may produce at most `length_limit(source_length)` tokens, </s> included;
+* a hypothesis' raw score (log_prob) is the sum of its tokens' log-probs;
+* hypotheses are ranked by log_prob / length ** length_penalty.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
+from collections.abc import Hashable
+from dataclasses import dataclass
 
 from nmt_contract import Hypothesis, length_limit
-from service.runtime.engine import Engine
-from service.runtime.running_batch import (
-    MAX_REPEAT_NGRAM,
-    SearchOptions,
-    Sentence,
-    pad_sources,
-    repeat_closers,
-    running_batch,
-)
-
-# Which sources of the batch (by position) nobody waits for any more; asked between steps.
-Abandoned = Callable[[], "np.ndarray | list[bool]"]
-
-__all__ = [
-    "MAX_REPEAT_NGRAM",
-    "Abandoned",
-    "Hypothesis",
-    "SearchOptions",
-    "length_limit",
-    "pad_sources",
-    "repeat_closers",
-    "search",
-]
 
 
-def search(
-    engine: Engine,
-    sources: list[list[int]],
-    options: SearchOptions,
-    abandoned: Abandoned | None = None,
-) -> list[list[Hypothesis]]:
-    """Source id lists (each ending in </s>, at least one token) -> the n-best hypotheses of
-    each, best first, in the order of `sources` ([] for a source abandoned midway)."""
-    if not 1 <= options.n_best <= options.beam_size:
-        raise ValueError(
-            f"n_best must be between 1 and beam_size={options.beam_size}, got {options.n_best}"
-        )
-    results: list[list[Hypothesis]] = [[] for _ in sources]
-    if not sources:
-        return results
-    batch = running_batch(engine, options.beam_size)
-    batch.join([Sentence(source, options, ticket=i) for i, source in enumerate(sources)])
-    while len(batch):
-        for finished in batch.step():
-            results[finished.sentence.ticket] = finished.hypotheses
-        if abandoned is not None and len(batch):
-            gone = np.asarray(abandoned(), dtype=bool)
-            batch.drop(lambda sentence, gone=gone: bool(gone[sentence.ticket]))
-    return results
+@dataclass(frozen=True)
+class SearchOptions:
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    n_best: int = 1
+    max_length: int = 256
+    alignment: bool = False
+    # Stop a hypothesis before it repeats an n-gram (n <= MAX_REPEAT_NGRAM) more than this
+    # many times in a row (a model fed garbage loops: "the man the man the man ..."); 0: off.
+    max_repeats: int = 0
+    # With alignment: which decoder layer's cross-attention (0 = first, -1 = last), and
+    # whether to keep its heads apart (Hypothesis.head_alignment) besides their mean.
+    alignment_layer: int = -1
+    alignment_heads: bool = False
+
+
+@dataclass(eq=False)
+class Sentence:
+    """One source sentence to decode (ids ending in </s>), how, and the caller's handle."""
+
+    source: list[int]
+    options: SearchOptions
+    ticket: Hashable = None
+
+    def limit(self, max_positions: int) -> int:
+        """The most tokens this sentence may produce, </s> included (length_limit), in a
+        model of `max_positions` positions."""
+        return length_limit(len(self.source), self.options.max_length, max_positions)
+
+
+@dataclass
+class Finished:
+    """A sentence that left the batch: its n-best hypotheses, best first ([] if dropped)."""
+
+    sentence: Sentence
+    hypotheses: list[Hypothesis]
+    steps: int  # decoder steps it took part in
+
+
+def batch_key(options: SearchOptions) -> int:
+    """Sentences that may share a running batch: the same rows per source (beam size)."""
+    return options.beam_size

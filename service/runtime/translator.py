@@ -1,13 +1,58 @@
-"""Texts in, translations out: tokenize, batch by length, search, detokenize, restore order."""
+"""Texts in, translations out: tokenize, batch by length, search, detokenize, restore order.
+
+For a fixed set of sentences (the CLI, the warm-up, benchmarks): every sentence joins one
+running batch at step 0 and nobody joins later. The server decodes through the same running
+batches, letting sentences join and leave between steps (service/serving/loop.py).
+
+Unlike the torch reference (export/decoding.py), rows stop costing compute when they are
+done: finished sentences leave the batch (and its caches) at once, and so do the sentences
+nobody waits for any more (the caller's `abandoned` callback names them between steps; they
+come back with no hypothesis).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from nmt_contract import Hypothesis
 from service.runtime.bundle import Bundle
-from service.runtime.engine import Engine, EngineOptions
-from service.runtime.search import Abandoned, Hypothesis, SearchOptions, search
+from service.runtime.engine import Engine
+from service.runtime.running_batch import running_batch
+from service.runtime.search import SearchOptions, Sentence
+from service.runtime.sessions import EngineOptions
 from service.runtime.tokenizer import BundleTokenizer
+
+# Which sources of the batch (by position) nobody waits for any more; asked between steps.
+Abandoned = Callable[[], "np.ndarray | list[bool]"]
+
+
+def search(
+    engine: Engine,
+    sources: list[list[int]],
+    options: SearchOptions,
+    abandoned: Abandoned | None = None,
+) -> list[list[Hypothesis]]:
+    """Source id lists (each ending in </s>, at least one token) -> the n-best hypotheses of
+    each, best first, in the order of `sources` ([] for a source abandoned midway)."""
+    if not 1 <= options.n_best <= options.beam_size:
+        raise ValueError(
+            f"n_best must be between 1 and beam_size={options.beam_size}, got {options.n_best}"
+        )
+    results: list[list[Hypothesis]] = [[] for _ in sources]
+    if not sources:
+        return results
+    batch = running_batch(engine, options.beam_size)
+    batch.join([Sentence(source, options, ticket=i) for i, source in enumerate(sources)])
+    while len(batch):
+        for finished in batch.step():
+            results[finished.sentence.ticket] = finished.hypotheses
+        if abandoned is not None and len(batch):
+            gone = np.asarray(abandoned(), dtype=bool)
+            batch.drop(lambda sentence, gone=gone: bool(gone[sentence.ticket]))
+    return results
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Serving: turning requests into engine batches. The scheduler (batching), the model
-registry, the request pipeline, the lifecycle, settings, metrics, sentence splitting and the
-service's errors. Knows nothing of HTTP; imports the runtime only.
+"""Serving: turning requests into engine batches. Request handling (requests.py), the waiting
+queue (queue.py), the one decoding loop (loop.py), the model registry (registry.py), the
+lifecycle, settings, metrics, sentence splitting and the service's errors. Knows nothing of
+HTTP; imports the runtime only.
 """

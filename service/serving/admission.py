@@ -21,7 +21,7 @@ dropped before it joins (`hopeless`): it would fail anyway.
 
 Until a rate has been measured (a server that has not yet been busy) everything is admitted;
 the queue's length limit still applies. A plain object: times are passed in, so tests drive
-it with made-up clocks; the scheduler calls it under its lock.
+it with made-up clocks; the waiting queue and the decoding loop call it under the loop's lock.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ ADMIT_WITHIN = 0.8
 class Forecast:
     """When a request would finish, as expected now."""
 
-    finish: float  # on the scheduler's clock
+    finish: float  # on the decoding loop's clock
     wait: float  # seconds until its last sentence joins
     service: float  # seconds its longest sentence then takes
     rate: float  # sentences joined per second (the measured capacity)

@@ -2,11 +2,14 @@
 
 Each error owns its meaning: it declares the HTTP status it stands for (`status`) and any
 headers a client needs (`headers`), so that no mapping table in the HTTP layer can forget one.
-The scheduler and the pipeline raise these and know nothing of HTTP beyond those numbers; each
-API dialect (service/http/) shapes the body its clients expect from them.
+The decoding loop, its queue, request handling and the HTTP layer's own checks (texts, the body)
+raise these and know nothing of HTTP beyond those numbers; each API dialect (service/http/)
+shapes the body its clients expect from them, and may give a limit a status of its own.
 
 `status` < 500: the client's doing (fix the request, or retry later for 429/503/504).
 `status` >= 500 for `InternalError`: a fault of the server, reported with the request id.
+`setting`: for an error that says a request passed a configured limit, the Settings field of
+that limit, so that each dialect can give every limit its own status without reading a message.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class ServiceError(Exception):
     """Base class: a request that cannot be served, for a reason the client should hear."""
 
     status: ClassVar[int] = 500
+    setting: ClassVar[str | None] = None  # the limit passed (a Settings field), if any
 
     def headers(self) -> dict[str, str]:
         return {}
@@ -71,8 +75,8 @@ class DetectedLanguageNotServed(ServiceError):
 
 
 class InvalidInput(ServiceError):
-    """Input that passed the request schema but not a model-level check (Unicode, tokens per
-    sentence, a parameter the model cannot honour).
+    """Input that passed the request schema but not a later check (texts and characters per
+    request, Unicode, tokens per sentence, a parameter the model cannot honour).
 
     Its fields, not its message, say what is wrong: `kind` (pydantic's error `type`), `field`
     (the request field), `text_index` (which of the request's texts; None for the field as a
@@ -106,11 +110,62 @@ class InvalidInput(ServiceError):
             return ("body", self.field)
         return ("body", self.field, self.text_index)
 
+    @property
+    def context(self) -> dict[str, object] | None:
+        """pydantic's error context (`ctx`): the numbers the message is made of, if any."""
+        return None
+
+
+class TooManyTexts(InvalidInput):
+    """More texts in one request than NMT_MAX_TEXTS_PER_REQUEST."""
+
+    setting = "max_texts_per_request"
+
+    def __init__(self, count: int, limit: int) -> None:
+        self.count, self.limit = count, limit
+        super().__init__(
+            "too_many_texts",
+            f"has {count} texts; the limit is {limit} texts per request "
+            "(NMT_MAX_TEXTS_PER_REQUEST)",
+        )
+
+    @property
+    def context(self) -> dict[str, object]:
+        return {"count": self.count, "limit": self.limit}
+
+
+class TextTooLong(InvalidInput):
+    """A text of more characters than NMT_MAX_CHARS_PER_TEXT. `text_index` is None where the
+    request's text is a lone string (the message then says "text", not "text[0]")."""
+
+    setting = "max_chars_per_text"
+
+    def __init__(self, text_index: int | None, characters: int, limit: int) -> None:
+        self.characters, self.limit = characters, limit
+        super().__init__(
+            "text_too_long",
+            f"has {characters} characters; the limit is {limit} characters per text "
+            "(NMT_MAX_CHARS_PER_TEXT)",
+            text_index=text_index,
+        )
+
+    @property
+    def location(self) -> tuple[str | int, ...]:
+        """The field as a whole (the message names the text), as the request schema said it
+        when it checked this limit."""
+        return ("body", self.field)
+
+    @property
+    def context(self) -> dict[str, object]:
+        return {"where": self.subject, "count": self.characters, "limit": self.limit}
+
 
 class SentenceTooLong(InvalidInput):
     """A sentence of more tokens than NMT_MAX_TOKENS_PER_SENTENCE. `sentence` is its number in
     the text (from 1); None where the pipeline's sentences are not the client's (markup sends
     each sentence as a text of its own), and the message then names the text alone."""
+
+    setting = "max_tokens_per_sentence"
 
     def __init__(self, text_index: int, tokens: int, limit: int, sentence: int | None) -> None:
         self.tokens, self.limit, self.sentence = tokens, limit, sentence
@@ -134,6 +189,7 @@ class RequestTooLarge(ServiceError):
     """More work in one request than one request may hold (sentences after splitting)."""
 
     status = 413
+    setting = "max_sentences_per_request"
 
     def __init__(self, sentences: int, limit: int, at_least: bool = False) -> None:
         """`at_least`: counting stopped once past the limit (markup not parsed to its end)."""
@@ -151,6 +207,7 @@ class AlignmentTooLarge(ServiceError):
     so that a small request cannot make the server build (and hold) a huge answer."""
 
     status = 413
+    setting = "max_alignment_weights"
 
     def __init__(self, weights: int, limit: int) -> None:
         self.weights, self.limit = weights, limit
@@ -159,6 +216,18 @@ class AlignmentTooLarge(ServiceError):
             f"{limit} per answer (NMT_MAX_ALIGNMENT_WEIGHTS): ask for fewer texts, for "
             "alignment_heads 'mean' instead of 'all', or for no alignment"
         )
+
+
+class BodyTooLarge(ServiceError):
+    """A request body of more bytes than NMT_MAX_BODY_BYTES: refused by the HTTP middleware
+    before the rest is read (and so before any route or dialect reads a field)."""
+
+    status = 413
+    setting = "max_body_bytes"
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"request body is larger than {limit} bytes (NMT_MAX_BODY_BYTES)")
 
 
 class MissingApiKey(ServiceError):
@@ -220,6 +289,7 @@ class QuotaExceeded(ServiceError):
     and LibreTranslate APIs; DeepL's API says 456, as DeepL does."""
 
     status = 429
+    setting = "character_limit"
 
     def __init__(self, used: int, limit: int) -> None:
         super().__init__(

@@ -6,7 +6,7 @@ decoder steps ran, and with continuous batching how full the running batch is at
 who joins and leaves it. A registry per app (not the process-wide default) lets tests build
 several apps.
 
-The scheduler reports through the `observe_*` methods (it never imports prometheus_client);
+The decoding loop reports through the `observe_*` methods (it never imports prometheus_client);
 the HTTP middleware reports requests.
 
 Continuous batching reports every decoder step, so `observe_step` only appends to a buffer,
@@ -234,7 +234,7 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    # The scheduler's observer interface (see scheduler.BatchObserver).
+    # What the decoding loop reports (observer.BatchObserver).
     def observe_queue_depth(self, model: str, depth: int) -> None:
         self.queue_depth.labels(model).set(depth)
 

@@ -1,5 +1,5 @@
 """The models this server translates with: one bundle per language pair, each with its own
-engine sessions, tokenizer and batch scheduler (so that one busy pair never stalls another).
+engine sessions, tokenizer and decoding loop (so that one busy pair never stalls another).
 
 Loading verifies each bundle's checksums, opens its ONNX Runtime sessions and translates a few
 sentences (greedy and beam) so that the first client does not pay for lazy initialisation.
@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.runtime.bundle import Bundle, BundleError, load_bundle
-from service.runtime.engine import EngineOptions
 from service.runtime.running_batch import RunningBatch, running_batch, step_together
 from service.runtime.search import SearchOptions
+from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
-from service.serving.continuous import ContinuousScheduler
 from service.serving.errors import UnknownPair
+from service.serving.loop import BatchLimits, DecodingLoop
 from service.serving.metrics import Metrics
-from service.serving.scheduler import BatchLimits
 from service.serving.settings import Settings
 
 log = logging.getLogger("nmt.registry")
@@ -32,7 +31,7 @@ WARMUP_SENTENCES = ["Bonjour.", "Un homme marche dans la rue avec son chien."]
 class LoadedModel:
     bundle: Bundle
     translator: Translator
-    scheduler: ContinuousScheduler
+    loop: DecodingLoop
     max_tokens_per_sentence: int  # the setting, capped by the model's positions
     load_seconds: float
 
@@ -102,7 +101,7 @@ class ModelRegistry:
             model = self._load(path)
             key = (model.bundle.source_lang, model.bundle.target_lang)
             if key in self._models:
-                model.scheduler.close()
+                model.loop.close()
                 raise BundleError(
                     f"two bundles translate {key[0]} to {key[1]}: "
                     f"{self._models[key].bundle.path} and {path}; keep one"
@@ -114,9 +113,9 @@ class ModelRegistry:
             )
 
     def close(self, timeout: float | None = None) -> None:
-        """Let every scheduler finish its queue, then stop it."""
+        """Let every decoding loop finish its queue, then stop it."""
         for model in self._models.values():
-            model.scheduler.close(timeout)
+            model.loop.close(timeout)
 
     def _load(self, path: Path) -> LoadedModel:
         settings = self.settings
@@ -132,7 +131,6 @@ class ModelRegistry:
                 intra_op_threads=settings.engine_threads,
                 spinning=settings.thread_spinning,
                 shortlist=shortlist,
-                in_place=settings.cache_in_place,
             ),
         )
         if settings.warmup:
@@ -150,7 +148,7 @@ class ModelRegistry:
         def new_batch(beam_size: int) -> RunningBatch:
             return running_batch(translator.engine, beam_size)
 
-        scheduler = ContinuousScheduler(
+        loop = DecodingLoop(
             bundle.name,
             new_batch,
             limits,
@@ -158,13 +156,13 @@ class ModelRegistry:
             encode_ahead=settings.encodes_ahead,
             step_together=step_together,
         )
-        scheduler.start()
+        loop.start()
         seconds = time.monotonic() - started
         if self.metrics:
             self.metrics.observe_model_loaded(bundle.name, seconds, limits.max_queued)
         # The encoder has max_positions positions; longer sentences cannot be encoded at all.
         token_limit = min(settings.max_tokens_per_sentence, bundle.dims["max_positions"])
-        return LoadedModel(bundle, translator, scheduler, token_limit, seconds)
+        return LoadedModel(bundle, translator, loop, token_limit, seconds)
 
 
 def _warm_up(translator: Translator, beam_size: int) -> None:

@@ -1,7 +1,7 @@
 """Split a text into sentences, and put translated sentences back in the same layout.
 
 Why split at all: the model was trained on single sentences, and a sentence is the unit the
-scheduler batches; a long paragraph is several short batch items instead of one long one.
+decoding loop batches; a long paragraph is several short batch items instead of one long one.
 
 The rules are deliberately small and predictable rather than clever:
 * a line break always ends a sentence;

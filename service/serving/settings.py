@@ -27,8 +27,9 @@ class Settings(BaseSettings):
     shortlist: bool = Field(
         False,
         description="score only the candidate words of each batch's sentences (the vocabulary "
-        "shortlist of bundles that have one; the others keep the full vocabulary): up to 1.3x "
-        "faster, mostly in beam search; a translation can then depend on its batch",
+        "shortlist of bundles that have one; the others keep the full vocabulary): a smaller "
+        "output projection, which pays in beam search (docs/performance.md); a translation "
+        "can then depend on its batch",
     )
     threads: int = Field(
         0,
@@ -40,12 +41,6 @@ class Settings(BaseSettings):
         False,
         description="ONNX Runtime threads spin between decoder steps (faster steps; off leaves "
         "CPU to the HTTP side under load)",
-    )
-    cache_in_place: bool = Field(
-        True,
-        description="decoder steps write the self-attention caches in place (bundles exported "
-        "with a decoder_in_place graph): no copy of the cache a step and no padding for "
-        "sentences that join a running batch; false: the concatenating step, for comparisons",
     )
     warmup: bool = Field(True, description="translate a few sentences per model before ready")
 

@@ -30,7 +30,7 @@ from service.serving.errors import SentenceTooLong, ServiceError, TranslationFai
 from service.serving.settings import Settings
 from service.serving.word_alignment import WordAlignment
 from tests.conftest import ROOT
-from tests.test_http_api import start
+from tests.http.in_process import start
 
 CASES = [
     json.loads(line)

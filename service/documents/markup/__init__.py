@@ -31,8 +31,8 @@ How, the way Bergamot carries HTML:
 """
 
 from service.documents.markup.layout import Document, read, read_off_loop, sentences
-from service.documents.markup.pipeline import from_pipeline, model_sentences, translate, write
 from service.documents.markup.target import SentenceTranslation
+from service.documents.markup.translation import from_pipeline, model_sentences, translate, write
 from service.documents.markup.tree import (
     HTML_BLOCKS,
     HTML_IGNORED,

@@ -25,7 +25,7 @@ from service.documents.markup.tree import (
 )
 from service.serving.errors import RequestTooLarge
 from service.serving.input_text import clean_text, has_letters
-from service.serving.pipeline import off_loop
+from service.serving.requests import off_loop
 from service.serving.sentences import SplitMode, split_text
 
 # Markup is read and written by pure Python that holds the GIL: threads cannot share that work

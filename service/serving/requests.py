@@ -1,0 +1,424 @@
+"""One translation request, from texts to results, through the model's decoding loop:
+
+texts (checked and cleaned: input_text.py) -> sentences (kept with their separators) -> token
+ids of the sentences that have letters (checked against the per-sentence limit) -> one
+queued job -> hypotheses -> detokenized sentences (the others as they came) -> texts in
+their layout.
+
+Used by both the native API and the LibreTranslate-compatible one; knows nothing of HTTP.
+Waiting is where cancellation happens: if the client goes away or the deadline passes first,
+the job's queued sentences are dropped and the request ends with ClientGone/DeadlineExceeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from nmt_contract import Hypothesis
+from service.runtime.search import SearchOptions
+from service.runtime.tokenizer import BundleTokenizer
+from service.serving.cache import TranslationCache
+from service.serving.errors import (
+    AlignmentTooLarge,
+    ClientGone,
+    DeadlineExceeded,
+    DetectedLanguageNotServed,
+    QuotaExceeded,
+    RequestTooLarge,
+    SentenceTooLong,
+    ShuttingDown,
+    TranslationFailed,
+)
+from service.serving.input_text import clean_text, has_letters, model_input
+from service.serving.language_id import Detection, LanguageDetector
+from service.serving.lifecycle import Lifecycle
+from service.serving.loop import SentenceFailed
+from service.serving.registry import LoadedModel, ModelRegistry
+from service.serving.sentences import SplitMode, SplitText, split_text
+from service.serving.settings import Settings
+from service.serving.word_alignment import WordAlignment, word_alignment
+
+WEIGHT_DECIMALS = 3
+# Work on more than this many characters (an answer: characters plus attention weights) runs
+# on a worker thread rather than on the event loop (off_loop); below it, inline.
+PREPARE_INLINE_CHARS = 2000
+# A detection (percent) below this is a guess: see TranslationService.detect_source.
+SURE_DETECTION = 50.0
+
+
+T = TypeVar("T")
+
+
+async def off_loop(
+    size: int, work: Callable[..., T], *args: Any, executor: Executor | None = None
+) -> T:
+    """work(*args) on a worker thread (of `executor`, or asyncio's default pool) when `size`
+    (characters, or values of an answer) passes PREPARE_INLINE_CHARS, so that the event loop
+    keeps answering /healthz and other requests while it runs (the GIL is shared, but handed
+    over every 5 ms); inline for small work, where the hand-off would cost more than the work
+    itself."""
+    if size > PREPARE_INLINE_CHARS:
+        return await asyncio.get_running_loop().run_in_executor(executor, work, *args)
+    return work(*args)
+
+
+@dataclass
+class Alternative:
+    text: str
+    score: float
+
+
+@dataclass
+class SentenceAlignment:
+    """Cross-attention of one sentence: weights[i][j] is how much target token i attended to
+    source token j (rows: produced tokens, </s> included when the sentence ended with it)."""
+
+    source_tokens: list[str]
+    target_tokens: list[str]
+    weights: list[list[float]]
+    words: WordAlignment | None = None  # the same, by word, with the hard alignment
+    layer: int | None = None  # the decoder layer the weights come from (0 = first)
+    head_weights: list[list[list[float]]] | None = None  # [head][target][source], if asked
+
+
+@dataclass
+class TextResult:
+    text: str
+    score: float  # mean of its sentences' scores (0.0 for an empty text)
+    n_best: list[Alternative]  # best first; n_best[0] is `text`
+    alignment: list[SentenceAlignment] = field(default_factory=list)
+
+
+@dataclass
+class RequestResult:
+    model: str
+    texts: list[TextResult]
+    sentences: int
+    input_tokens: int  # source tokens fed to the encoder, </s> included
+    output_tokens: int  # tokens of the returned translations, </s> excluded
+    alignment_weights: int = 0  # attention weights in `texts` (what rendering them costs)
+
+
+class TranslationService:
+    """The door the routes go through: admission, model lookup and the request pipeline."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: ModelRegistry,
+        lifecycle: Lifecycle,
+        cache: TranslationCache | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.lifecycle = lifecycle
+        self.cache = cache if cache is not None else TranslationCache(0, 0)  # 0: off
+        self.detector = LanguageDetector()
+        self.characters_translated = 0  # source characters of answered requests, since start
+
+    def model_for(
+        self, source_lang: str, target_lang: str, admitted_at: float | None = None
+    ) -> LoadedModel:
+        """The model of a pair, for a request admitted at `admitted_at` (time.monotonic()):
+        refused while loading, and while draining unless admitted before the signal."""
+        self.lifecycle.check_accepting(admitted_at)
+        return self.registry.get(source_lang, target_lang)
+
+    def sources_for(self, target_lang: str) -> list[str]:
+        """The source languages some model translates into target_lang."""
+        return sorted(
+            m.bundle.source_lang
+            for m in self.registry.models
+            if m.bundle.target_lang == target_lang
+        )
+
+    async def detect(self, text: str, index: int = 0) -> list[Detection]:
+        """The likely languages of a text, best first (off the event loop: it is CPU work).
+        `index`: the text's place in the request, for the error a bad text gets."""
+        return await self._detect_clean(clean_text(text, index))
+
+    async def _detect_clean(self, text: str, candidates: int | None = 3) -> list[Detection]:
+        return await off_loop(len(text), self.detector.detect, text, candidates)
+
+    async def detect_source(self, texts: list[str], target_lang: str) -> Detection:
+        """The source language of a request without one: detected on all its texts together.
+
+        A short text often looks like some other language ("Un homme." reads as Northern Sotho,
+        at 7%). So when detection is unsure (below SURE_DETECTION) of a language that no model
+        translates into target_lang, and a single source language does, that one is the
+        answer, with the detector's own confidence in it. Otherwise an unserved detection is
+        DetectedLanguageNotServed: with several sources there is no honest guess, and a sure
+        detection of another language (a German text for a French model) is not a guess."""
+        cleaned = [clean_text(text, index) for index, text in enumerate(texts)]
+        ranked = await self._detect_clean("\n".join(cleaned), candidates=None)
+        best = ranked[0]
+        sources = sorted(set(self.sources_for(target_lang)))
+        if best.language in sources:
+            return best
+        if len(sources) == 1 and best.confidence < SURE_DETECTION:
+            only = sources[0]
+            return next((d for d in ranked if d.language == only), Detection(only, 0.0))
+        raise DetectedLanguageNotServed(best.language, best.confidence, target_lang, sources)
+
+    async def translate(
+        self,
+        model: LoadedModel,
+        texts: list[str],
+        options: SearchOptions,
+        client_gone: Callable[[], Awaitable[object]] | None = None,
+        split: SplitMode = "sentences",
+        alignment_weights: bool = True,
+    ) -> RequestResult:
+        """The texts translated. With options.alignment, each sentence's alignment: its
+        weights (capped by NMT_MAX_ALIGNMENT_WEIGHTS, AlignmentTooLarge past it) unless
+        `alignment_weights` is False, for callers that read only the word alignment."""
+        characters = sum(len(text) for text in texts)
+        quota = self.settings.character_limit
+        if quota and self.characters_translated + characters > quota:
+            raise QuotaExceeded(self.characters_translated, quota)
+        timeout = self.settings.request_timeout_seconds
+        deadline = time.monotonic() + timeout
+        limit = self.settings.max_sentences_per_request
+        prepared = await off_loop(characters, _prepare, model, texts, limit, split)
+        hypotheses = await self._run(
+            model, prepared.sources, prepared.owners, options, deadline, client_gone
+        )
+        weights = 0
+        if options.alignment and alignment_weights:  # counted before any list is built
+            weights = _alignment_weights(prepared, hypotheses)
+            if weights > self.settings.max_alignment_weights:
+                raise AlignmentTooLarge(weights, self.settings.max_alignment_weights)
+        self.characters_translated += characters
+        result = await off_loop(
+            characters + weights,
+            _assemble,
+            model,
+            prepared,
+            hypotheses,
+            options,
+            alignment_weights,
+        )
+        result.alignment_weights = weights
+        return result
+
+    async def _run(
+        self,
+        model: LoadedModel,
+        sources: list[list[int]],
+        owners: list[int],
+        options: SearchOptions,
+        deadline: float,
+        client_gone: Callable[[], Awaitable[object]] | None,
+    ) -> list[list[Hypothesis]]:
+        cached = self.cache.lookup(model.name, sources, options)
+        missing = [i for i, found in enumerate(cached) if found is None]
+        if missing:  # only what the cache lacks goes through the queue and the engine
+            # ... and each distinct sentence once: a text repeated 64 times in one request
+            # costs the engine one sentence, whether the cache is on or not.
+            first_of: dict[tuple[int, ...], int] = {}
+            for i in missing:
+                first_of.setdefault(tuple(sources[i]), i)
+            firsts = list(first_of.values())
+            fresh = await self._decode(
+                model, [sources[i] for i in firsts], [owners[i] for i in firsts], options,
+                deadline, client_gone,
+            )  # fmt: skip
+            self.cache.store(model.name, [sources[i] for i in firsts], options, fresh)
+            found = dict(zip(first_of, fresh, strict=True))
+            for i in missing:
+                cached[i] = found[tuple(sources[i])]
+        return cached  # type: ignore[return-value]  # every slot is filled now
+
+    async def _decode(
+        self,
+        model: LoadedModel,
+        sources: list[list[int]],
+        owners: list[int],
+        options: SearchOptions,
+        deadline: float,
+        client_gone: Callable[[], Awaitable[object]] | None,
+    ) -> list[list[Hypothesis]]:
+        decoding = model.loop
+        job = decoding.submit(sources, options, deadline)
+        watcher = asyncio.ensure_future(client_gone()) if client_gone is not None else None
+        grace_over = asyncio.ensure_future(self.lifecycle.grace_over.wait())
+        try:
+            waiting: set[asyncio.Future] = {job.future, grace_over}
+            if watcher is not None:
+                waiting.add(watcher)
+            timeout = max(0.0, deadline - time.monotonic())
+            done, _ = await asyncio.wait(
+                waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        except asyncio.CancelledError:  # the server cut this request off (past its own limit)
+            decoding.cancel(job, "cancelled")
+            raise
+        finally:
+            grace_over.cancel()
+            if watcher is not None:
+                watcher.cancel()
+        if job.future in done:
+            try:
+                return job.future.result()
+            except SentenceFailed as failure:
+                raise TranslationFailed(owners[failure.index], failure.reason) from failure
+            except DeadlineExceeded:  # the loop dropped it from the queue
+                raise DeadlineExceeded(self.settings.request_timeout_seconds) from None
+        if watcher is not None and watcher in done:
+            decoding.cancel(job, "client_gone")
+            raise ClientGone("the client disconnected")
+        if grace_over in done:
+            decoding.cancel(job, "shutdown")
+            self.lifecycle.abandoned += 1
+            raise ShuttingDown(
+                "the server is shutting down and this request did not finish within "
+                f"{self.lifecycle.grace:g} s (NMT_SHUTDOWN_TIMEOUT_SECONDS): send it again"
+            )
+        decoding.cancel(job, "deadline")
+        raise DeadlineExceeded(self.settings.request_timeout_seconds)
+
+
+@dataclass
+class _Prepared:
+    """A request's texts, ready for the decoding loop.
+
+    sources[i]: token ids of the i-th sentence that goes to the model, owners[i] its text;
+    slots[t][k]: the index in `sources` of text t's k-th sentence, or None when that sentence
+    has no letters and is returned as it is.
+    """
+
+    splits: list[SplitText]
+    sources: list[list[int]]
+    owners: list[int]
+    slots: list[list[int | None]]
+
+
+def _prepare(
+    model: LoadedModel, texts: list[str], max_sentences: int, split: SplitMode = "sentences"
+) -> _Prepared:
+    splits = [split_text(clean_text(text, index), split) for index, text in enumerate(texts)]
+    if (count := sum(len(split.sentences) for split in splits)) > max_sentences:
+        raise RequestTooLarge(count, max_sentences)  # before any tokenizing
+    sentences: list[str] = []
+    owners: list[int] = []
+    slots: list[list[int | None]] = []
+    for text_index, split in enumerate(splits):
+        slots.append([])
+        for sentence in split.sentences:
+            if not has_letters(sentence):
+                slots[-1].append(None)
+                continue
+            slots[-1].append(len(sentences))
+            sentences.append(model_input(sentence))
+            owners.append(text_index)
+    sources = model.translator.tokenizer.encode(sentences) if sentences else []
+    limit = model.max_tokens_per_sentence
+    for position, ids in enumerate(sources):
+        if len(ids) > limit:
+            text = owners[position]
+            number = slots[text].index(position)
+            raise SentenceTooLong(text, len(ids), limit, sentence=number + 1)
+    return _Prepared(splits, sources, owners, slots)
+
+
+def _alignment_weights(prepared: _Prepared, hypotheses: list[list[Hypothesis]]) -> int:
+    """The attention weights an answer would carry: for each sentence of each text (a
+    repeated sentence, decoded once, is in the answer as often as it is in the request),
+    target x source tokens, for the heads' mean and for each head kept apart."""
+    count = 0
+    for slots in prepared.slots:
+        for slot in slots:
+            if slot is None:
+                continue
+            best = hypotheses[slot][0]
+            for weights in (best.alignment, best.head_alignment):
+                count += 0 if weights is None else int(weights.size)
+    return count
+
+
+def _assemble(
+    model: LoadedModel,
+    prepared: _Prepared,
+    hypotheses: list[list[Hypothesis]],
+    options: SearchOptions,
+    with_weights: bool = True,
+) -> RequestResult:
+    tokenizer = model.translator.tokenizer
+    layers = model.bundle.dims["decoder_layers"]
+    results: list[TextResult] = []
+    for split, slots in zip(prepared.splits, prepared.slots, strict=True):
+        # Each sentence's alternatives as (text, score), best first.
+        choices = [
+            [(sentence, 0.0)]
+            if slot is None
+            else [(tokenizer.decode(h.tokens), h.score) for h in hypotheses[slot]]
+            for sentence, slot in zip(split.sentences, slots, strict=True)
+        ]
+        if not choices:  # an empty or blank text
+            results.append(TextResult("", 0.0, [Alternative("", 0.0)] * options.n_best))
+            continue
+        n_best = []
+        for rank in range(options.n_best):
+            # The k-th alternative of a text joins the k-th alternative of each sentence.
+            chosen = [c[min(rank, len(c) - 1)] for c in choices]
+            text = split.join([sentence for sentence, _ in chosen])
+            n_best.append(Alternative(text, sum(score for _, score in chosen) / len(chosen)))
+        alignment = []
+        if options.alignment:
+            alignment = [
+                SentenceAlignment([], [], [])
+                if slot is None
+                else _alignment(
+                    tokenizer,
+                    prepared.sources[slot],
+                    hypotheses[slot][0],
+                    options,
+                    layers,
+                    with_weights,
+                )
+                for slot in slots
+            ]
+        results.append(TextResult(n_best[0].text, n_best[0].score, n_best, alignment))
+    return RequestResult(
+        model=model.name,
+        texts=results,
+        sentences=len(prepared.sources),
+        input_tokens=sum(len(s) for s in prepared.sources),
+        output_tokens=sum(len(h[0].tokens) for h in hypotheses),
+    )
+
+
+def _alignment(
+    tokenizer: BundleTokenizer,
+    source: list[int],
+    best: Hypothesis,
+    options: SearchOptions,
+    layers: int,
+    with_weights: bool = True,
+) -> SentenceAlignment:
+    """One sentence's alignment; with_weights False: the word alignment only (weights and
+    head_weights left empty, no lists built)."""
+    weights = best.alignment
+    rows = 0 if weights is None else weights.shape[0]
+    target_pieces = tokenizer.target_pieces(best.tokens)
+    if rows > len(target_pieces):  # the last step produced </s>
+        target_pieces = [*target_pieces, "</s>"]
+    source_pieces = tokenizer.source_pieces(source)
+    if weights is None:
+        return SentenceAlignment(source_pieces, target_pieces[:rows], [])
+    heads = best.head_alignment if with_weights else None  # [target, heads, source] or None
+    return SentenceAlignment(
+        source_tokens=source_pieces,
+        target_tokens=target_pieces[:rows],
+        weights=weights.astype(float).round(WEIGHT_DECIMALS).tolist() if with_weights else [],
+        words=word_alignment(source_pieces, target_pieces[:rows], weights, WEIGHT_DECIMALS),
+        layer=options.alignment_layer % layers,
+        head_weights=None
+        if heads is None
+        else heads.transpose(1, 0, 2).astype(float).round(WEIGHT_DECIMALS).tolist(),
+    )
