@@ -25,8 +25,10 @@ RUN apt-get update \
 # only these, so an edit elsewhere in pyproject.toml does not reinstall torch.
 FROM python-base AS requirements
 COPY pyproject.toml /src/
+# The serving install includes the `postgres` extra: one image serves SQLite and PostgreSQL.
 RUN python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
-        print("\n".join(p["dependencies"]), file=open("/src/serve.txt", "w")); \
+        serve = p["dependencies"] + p["optional-dependencies"]["postgres"]; \
+        print("\n".join(serve), file=open("/src/serve.txt", "w")); \
         print("\n".join(p["optional-dependencies"]["export"]), file=open("/src/export.txt", "w"))'
 
 
@@ -88,20 +90,27 @@ RUN apt-get update \
     && apt-get clean \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
-        --shell /usr/sbin/nologin nmt
+        --shell /usr/sbin/nologin nmt \
+    && install -d -o 10001 -g 10001 -m 0750 /var/lib/nmt
 
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/nmt/models /opt/nmt/models
 
 # Settings are NMT_* variables (README, Settings); override any of them with `-e`. Nothing is
-# written at run time except under /tmp, so the container runs with a read-only root.
+# written at run time except under /tmp and the data volume, so the container runs with a
+# read-only root.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     NMT_MODEL_DIR=/opt/nmt/models \
+    NMT_STATE_DIR=/var/lib/nmt \
     NMT_HOST=0.0.0.0 \
     NMT_PORT=8000
+
+# The SQLite database (nmt.db) when NMT_DATABASE_URL is empty: a volume, owned by the runtime
+# user (a new named volume takes this folder's owner), so glossaries outlive the container.
+VOLUME ["/var/lib/nmt"]
 
 # A numeric user, so that Kubernetes' runAsNonRoot can verify it.
 USER 10001:10001

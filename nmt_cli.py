@@ -202,6 +202,47 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--model-dir", type=Path, help="bundles folder (NMT_MODEL_DIR)")
 
 
+def _cmd_db(args: argparse.Namespace) -> int:
+    """The store's schema (service/store): `upgrade` migrates it to this version's head,
+    `current` says where it is. The database is NMT_DATABASE_URL's, as `nmt serve` opens it."""
+    from pydantic import ValidationError
+
+    from service.serving.settings import Settings
+    from service.store import Database, StoreError, database_url
+    from service.store.database import current_revision, head_revision, migrate
+
+    try:
+        database = Database(database_url(Settings()))
+    except (ValidationError, StoreError) as error:
+        print(f"nmt db: {error}", file=sys.stderr)
+        return 2
+    try:
+        current = migrate(database) if args.db_command == "upgrade" else current_revision(database)
+    except StoreError as error:
+        print(f"nmt db {args.db_command}: {database.shown_url}: {error}", file=sys.stderr)
+        return 1
+    finally:
+        database.close()
+    head = head_revision()
+    print(json.dumps({"database": database.shown_url, "revision": current, "head": head}))
+    return 0 if args.db_command == "upgrade" or current == head else 3
+
+
+def _add_db(subparsers: argparse._SubParsersAction) -> None:
+    db = subparsers.add_parser(
+        "db",
+        help="the database's schema: upgrade it, or show its revision",
+        description="The database of NMT_DATABASE_URL (default: SQLite at NMT_STATE_DIR/nmt.db). "
+        "`nmt serve` migrates it at start unless NMT_DATABASE_MIGRATE=false; then run "
+        "`nmt db upgrade` before starting new servers.",
+    )
+    commands = db.add_subparsers(dest="db_command", required=True)
+    commands.add_parser("upgrade", help="migrate the schema to this version's newest revision")
+    commands.add_parser(
+        "current", help="print the schema's revision and this version's (exit 3 if they differ)"
+    )
+
+
 def _cmd_import_marian(args: argparse.Namespace) -> int:
     from export.marian import MarianInteropError, import_marian
 
@@ -296,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--hyp", type=Path, help="translations to score instead")
     evaluate.add_argument("--ref", type=Path, required=True, help="reference translations")
     _add_serve(subparsers)
+    _add_db(subparsers)
     _add_marian(subparsers)
     return parser
 
@@ -307,6 +349,7 @@ COMMANDS = {
     "translate": _cmd_translate,
     "eval": _cmd_eval,
     "serve": _cmd_serve,
+    "db": _cmd_db,
     "import-marian": _cmd_import_marian,
     "export-marian": _cmd_export_marian,
 }

@@ -25,7 +25,9 @@ import numpy as np
 #    [rows, H, capacity, Dh] as past_* (the runtime binds the same memory as present_*), each
 #    row's cache the first `positions` of its slot; no past_mask. No no-cache decoder. The
 #    shortlist's step ("decoder_shortlist") is the same step over candidate words.
-BUNDLE_FORMAT = 5
+# 6: the decoder step also takes forced_ids [rows, F] and returns their log-probs,
+#    forced_log_probs [rows, F] (terms a constrained search must write)
+BUNDLE_FORMAT = 6
 
 
 def attention_output_names(layers: int) -> list[str]:

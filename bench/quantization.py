@@ -70,6 +70,7 @@ def step_feeds(engine: Engine, batch: RunningBatch) -> dict[str, np.ndarray]:
         "source_mask": cache.source_mask.copy(),
         "top_k": np.array(batch.top_k(), dtype=np.int64),
         "positions": cache.positions.copy(),
+        "forced_ids": np.zeros((rows, 1), dtype=np.int64),  # (no terms: one word, unread)
     }
     feeds |= {
         name: layer.copy() for name, layer in zip(engine.cross_names, cache.cross, strict=True)

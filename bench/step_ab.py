@@ -33,6 +33,7 @@ def step_inputs(args: argparse.Namespace, layers: int, heads: int, head_dim: int
         "source_mask": np.ones((sources, args.source), dtype=bool),
         "top_k": np.array(args.rows_per_source + 1 if args.rows_per_source > 1 else 1),
         "positions": np.full(rows, args.past, dtype=np.int64),
+        "forced_ids": np.zeros((rows, 1), dtype=np.int64),  # (no terms: one word, unread)
     }
     # Buffers with room for the position the step writes (the engine binds them as both past
     # and present; here ONNX Runtime returns present as an array of its own).

@@ -21,10 +21,11 @@ same weights:
   kernel is slower than the three nodes it replaces once a batch has more than a few rows.
 
 Inputs: target_ids [B, 1], source_mask [B/K, S], top_k, positions [B] (each row's cache
-length), past_* buffers and cross_* keys/values; with a shortlist also vocabulary [C] and
-output_projection [D, C]. Outputs: top_log_probs and top_ids [B, k], alignment [B, S],
-attention_i [B, H, S] and present_* (the same buffers). Tests hold this graph to the torch
-model (tests/export/test_fused_step.py).
+length), forced_ids [B, F], past_* buffers and cross_* keys/values; with a shortlist also
+vocabulary [C] and output_projection [D, C]. Outputs: top_log_probs and top_ids [B, k],
+forced_log_probs [B, F] (the log-probs of the words forced_ids names: what a constrained
+search scores), alignment [B, S], attention_i [B, H, S] and present_* (the same buffers).
+Tests hold this graph to the torch model (tests/export/test_fused_step.py).
 
 Shapes: B rows, K rows per source (beams), S source length, D model width, H heads,
 Dh = D / H, V vocabulary, C candidate words, L layers.
@@ -211,6 +212,14 @@ def _top_k(g: _Graph, model: Transformer, x: str) -> None:
     log_probs = g.one("LogSoftmax", [logits], "log_probs", axis=-1)
     k = g.one("Reshape", ["top_k", g.constant("shape_one", ONE)], "top_k_1d")
     g.node("TopK", [log_probs, k], ["top_log_probs", "top_ids"], axis=-1)
+    _forced(g, log_probs)
+
+
+def _forced(g: _Graph, log_probs: str) -> None:
+    """The log-probs of words the caller names, forced_ids [B, F] (vocabulary positions of
+    log_probs) -> forced_log_probs [B, F]: what a constrained search needs of the words a
+    term continues with, which the top k seldom holds. A gather of F numbers a row."""
+    g.one("GatherElements", [log_probs, "forced_ids"], "forced_log_probs", axis=1)
 
 
 def _shortlisted_top_k(g: _Graph, model: Transformer, x: str) -> None:
@@ -228,6 +237,7 @@ def _shortlisted_top_k(g: _Graph, model: Transformer, x: str) -> None:
     k = g.one("Reshape", ["top_k", g.constant("shape_one", ONE)], "top_k_1d")
     g.node("TopK", [log_probs, k], ["top_log_probs", "top_candidates"], axis=-1)
     g.one("Gather", ["vocabulary", "top_candidates"], "top_ids")  # [B, k] vocabulary ids
+    _forced(g, log_probs)  # (forced_ids are positions among the candidates here)
 
 
 def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.ModelProto:
@@ -317,6 +327,7 @@ def _inputs(config) -> list[onnx.ValueInfoProto]:
         info("source_mask", flag, ["sources", "source"]),
         info("top_k", i64, []),
         info("positions", i64, ["batch"]),
+        info("forced_ids", i64, ["batch", "forced"]),
         *(
             info(n, f32, ["batch", heads, "capacity", head_dim])
             for n in layer_names("past", layers)
@@ -336,6 +347,7 @@ def _outputs(config) -> list[onnx.ValueInfoProto]:
     return [
         info("top_log_probs", f32, ["batch", "k"]),
         info("top_ids", i64, ["batch", "k"]),
+        info("forced_log_probs", f32, ["batch", "forced"]),
         info("alignment", f32, ["batch", "source"]),
         *(info(n, f32, ["batch", heads, "source"]) for n in attention_output_names(layers)),
         *(

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED_MODEL = ROOT / "models" / "fr-en"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _store_outside_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every app and server the tests start keeps its store (glossaries) in one temporary
+    SQLite file, not in the checkout's data/ (NMT_STATE_DIR's default) nor in a database the
+    shell may name; tests of the store give their own URL."""
+    before = os.environ.get("NMT_DATABASE_URL")
+    os.environ["NMT_DATABASE_URL"] = f"sqlite:///{tmp_path_factory.mktemp('store') / 'nmt.db'}"
+    yield
+    if before is None:
+        os.environ.pop("NMT_DATABASE_URL", None)
+    else:
+        os.environ["NMT_DATABASE_URL"] = before
 
 
 def multi30k_path() -> Path:

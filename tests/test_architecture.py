@@ -24,10 +24,11 @@ from service.serving.settings import Settings
 from tests.conftest import ROOT
 
 # Which packages each part may import from this project (besides itself).
-# service.store (durable state, beside documents) is not here as a part until it exists.
 ALLOWED = {
     "service.runtime": {"nmt_contract"},
     "service.serving": {"nmt_contract", "service.runtime"},
+    # durable state, beside documents: it reads the settings, and knows nothing of HTTP
+    "service.store": {"nmt_contract", "service.runtime", "service.serving"},
     "service.documents": {"nmt_contract", "service.runtime", "service.serving", "service.store"},
     "service.http": {
         "nmt_contract",
@@ -41,7 +42,7 @@ ALLOWED = {
 PROJECT_PACKAGES = ("service", "export", "bench", "nmt_contract", "nmt_cli")
 # What only the HTTP layer may import: below it, nothing knows it is behind a web server.
 WEB_LIBRARIES = ("fastapi", "starlette", "uvicorn")
-BELOW_HTTP = ("service.runtime", "service.serving", "service.documents")
+BELOW_HTTP = ("service.runtime", "service.serving", "service.store", "service.documents")
 
 
 def imports(path: Path) -> set[str]:
@@ -107,6 +108,7 @@ SAMPLES: dict[type, errors.ServiceError] = {
     errors.NotReady: errors.NotReady("models are loading"),
     errors.ShuttingDown: errors.ShuttingDown("shutting down"),
     errors.UnknownPair: errors.UnknownPair("fr", "xx", ["fr-en"]),
+    errors.GlossaryUnknown: errors.GlossaryUnknown("Glossary not found."),
     errors.InvalidInput: errors.InvalidInput(
         "invalid_unicode", "holds a lone surrogate", text_index=0
     ),

@@ -1,10 +1,11 @@
-"""The FastAPI application: wiring only. Routes live in routes.py (native), libretranslate.py and
-deepl.py, each answering in its dialect (dialect.py); the work in service/serving/: requests.py,
-loop.py (the decoding loop) and registry.py (models).
+"""The FastAPI application: wiring only. Routes live in routes.py (native), libretranslate.py,
+deepl.py and glossaries.py (DeepL's), each answering in its dialect (dialect.py); the work in
+service/serving/: requests.py, loop.py (the decoding loop) and registry.py (models).
 
-Models load in a background thread after startup, so that /healthz answers at once and /readyz
-says 503 until every model is loaded and warm. On shutdown the decoding loops finish what was
-admitted before the process exits.
+The store (service/store: glossaries, in SQLite or PostgreSQL) opens first, its schema migrated,
+before any request is answered, and closes last. Models load in a background thread after it,
+so that /healthz answers at once and /readyz says 503 until every model is loaded and warm. On
+shutdown the decoding loops finish what was admitted before the process exits.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from service.http import deepl, libretranslate, routes
+from service.http import deepl, glossaries, libretranslate, routes
 from service.http.dependencies import require_api_key, require_api_key_for_metrics
 from service.http.dialect import Dialect
 from service.http.middleware import RequestContextMiddleware
@@ -35,6 +36,7 @@ from service.serving.metrics import Metrics, package_version
 from service.serving.registry import ModelRegistry
 from service.serving.requests import TranslationService
 from service.serving.settings import Settings
+from service.store import Store, StoreError, database_url, open_store, shown
 
 log = logging.getLogger("nmt.app")
 
@@ -47,10 +49,16 @@ def create_app(
     lifecycle = Lifecycle(on_failed=on_load_failed, grace=settings.shutdown_timeout_seconds)
     registry = ModelRegistry(settings, metrics)
     cache = TranslationCache(settings.cache_entries, settings.cache_bytes, metrics)
-    service = TranslationService(settings, registry, lifecycle, cache)
+    service = TranslationService(settings, registry, lifecycle, cache, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The store first, before any request: glossaries must be there once the server
+        # answers, and a database it cannot use stops it here (`nmt serve` exits with
+        # uvicorn's status for a failed start-up, 3).
+        store = await asyncio.to_thread(_open_store, settings, lifecycle)
+        app.state.store = store
+        metrics.watch_glossaries(store.glossaries.count)
         loader = threading.Thread(
             target=_load_models, args=(service, lifecycle), name="nmt-load", daemon=True
         )
@@ -59,6 +67,7 @@ def create_app(
         lifecycle.start_draining()
         await asyncio.to_thread(loader.join, settings.shutdown_timeout_seconds)
         await asyncio.to_thread(registry.close, settings.shutdown_timeout_seconds)
+        await asyncio.to_thread(store.close)  # after the last request that could use it
         if lifecycle.abandoned:
             log.warning(
                 "stopped: %d admitted requests were still running at "
@@ -84,6 +93,7 @@ def create_app(
     app.include_router(routes.build_router(settings))
     app.include_router(libretranslate.build_router(settings))
     app.include_router(deepl.build_router(settings))
+    app.include_router(glossaries.build_router(settings))
     app.state.dialect_of = dialect_of
     app.state.error_key = lambda path: dialect_of(path).error.key
     cors_origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
@@ -94,7 +104,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=cors_origins,
-            allow_methods=["GET", "HEAD", "POST"],
+            allow_methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"],
             # Every header the docs tell clients to send (DeepL's key is in Authorization).
             allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID"],
             expose_headers=["X-Request-ID", "Retry-After"],
@@ -109,6 +119,11 @@ def create_app(
         body_timeout=settings.body_timeout_seconds,
         retry_after=settings.retry_after_seconds,
         cors_origins=cors_origins,
+        # A glossary's entries may be NMT_MAX_GLOSSARY_BYTES on top of an ordinary body.
+        larger_bodies={
+            prefix: settings.max_body_bytes + settings.max_glossary_bytes
+            for prefix in glossaries.PREFIXES
+        },
     )
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -116,14 +131,35 @@ def create_app(
     return app
 
 
-# The dialect of each path the other dialects claim; the native one answers every other path.
-DIALECT_OF_PATH = {
-    path: dialect for dialect in (libretranslate.LIBRE, deepl.DEEPL) for path in dialect.paths
-}
+# The dialects other than the native one, which answers every path they do not claim.
+DIALECTS = (libretranslate.LIBRE, deepl.DEEPL, glossaries.GLOSSARIES)
+DIALECT_OF_PATH = {path: dialect for dialect in DIALECTS for path in dialect.paths}
 
 
 def dialect_of(path: str) -> Dialect:
-    return DIALECT_OF_PATH.get(path, routes.NATIVE)
+    found = DIALECT_OF_PATH.get(path)
+    if found is None:
+        found = next((d for d in DIALECTS if d.prefixes and d.serves(path)), routes.NATIVE)
+    return found
+
+
+def _open_store(settings: Settings, lifecycle: Lifecycle) -> Store:
+    """The store of NMT_DATABASE_URL (migrated, with NMT_DATABASE_MIGRATE), or the server
+    fails, saying which database (password masked) and why."""
+    try:
+        return open_store(settings)
+    except Exception as error:  # a bad URL, a database down or refusing us, a newer schema
+        where = _shown_database(settings)
+        log.error("could not open the database %s: %s", where, error)
+        lifecycle.mark_failed(f"could not open the database {where}: {error}")
+        raise
+
+
+def _shown_database(settings: Settings) -> str:
+    try:
+        return shown(database_url(settings))
+    except StoreError:
+        return "(NMT_DATABASE_URL, not a URL)"
 
 
 def _load_models(service: TranslationService, lifecycle: Lifecycle) -> None:
@@ -187,10 +223,25 @@ async def _http_error(request: Request, error: Exception) -> Response:
 
 def _allowed_methods(request: Request, named: str) -> str:
     """Every method the OpenAPI document gives this path (RFC 9110's Allow for a 405), or what
-    Starlette `named`: it names only the first matching route's, and GET and POST of a path
-    are routes of their own here (one operationId each)."""
-    documented = request.app.openapi().get("paths", {}).get(request.url.path, {})
-    return ", ".join(sorted(method.upper() for method in documented)) or named
+    Starlette `named`: it names only the first matching route's, and each method of a path is
+    a route of its own here (one operationId each: GET and POST of a DeepL path; GET, PATCH and
+    DELETE of a glossary, whose documented path is a template, `/v3/glossaries/{glossary_id}`)."""
+    segments = request.url.path.split("/")
+    methods = {
+        method.upper()
+        for template, operations in request.app.openapi().get("paths", {}).items()
+        if _matches(template.split("/"), segments)
+        for method in operations
+    }
+    return ", ".join(sorted(methods)) or named
+
+
+def _matches(template: list[str], segments: list[str]) -> bool:
+    """A path's segments against a documented path's (a `{name}` segment matches any one)."""
+    return len(template) == len(segments) and all(
+        part == segment or (part.startswith("{") and part.endswith("}") and segment)
+        for part, segment in zip(template, segments, strict=True)
+    )
 
 
 # The route dependencies that check an API key.

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.documents import markup
-from service.http.dependencies import ApiKeysDep, ServiceDep, header_key
+from service.http.dependencies import ApiKeysDep, ServiceDep, StoreDep, header_key
 from service.http.dialect import (
     BodyWording,
     Decoding,
@@ -35,6 +35,7 @@ from service.http.dialect import (
     translate_texts,
     with_request_id,
 )
+from service.http.glossary_lookup import owner_of, terminology_of
 from service.http.libretranslate import LANGUAGE_NAMES
 from service.http.limits import Limit, check_texts
 from service.http.middleware import admitted_at
@@ -51,6 +52,7 @@ from service.serving.errors import (
 from service.serving.requests import TranslationService
 from service.serving.sentences import SplitMode
 from service.serving.settings import Settings
+from service.store.glossaries import GlossaryStore
 
 QUOTA_EXCEEDED = 456  # DeepL's own status for "quota exceeded"
 # DeepL's English targets; a bare "EN" is accepted too (DeepL deprecates it).
@@ -81,10 +83,14 @@ def build_router(settings: Settings) -> APIRouter:
         openapi_extra={"requestBody": _REQUEST_BODY},
         responses={status: DeepLError.doc(why) for status, why in DEEPL_ERRORS.items()},
     )
-    async def translate(request: Request, service: ServiceDep, keys: ApiKeysDep) -> JSONResponse:
-        return await DEEPL.answer(
-            request, keys, lambda fields: _translate(service, request, fields)
-        )
+    async def translate(
+        request: Request, service: ServiceDep, keys: ApiKeysDep, store: StoreDep
+    ) -> JSONResponse:
+        async def work(fields: dict[str, Any]) -> JSONResponse:
+            owner = owner_of(keys, _presented_key(request, fields))
+            return await _translate(service, request, fields, store.glossaries, owner)
+
+        return await DEEPL.answer(request, keys, work)
 
     # DeepL answers both GET and POST here. One route per method, so that each has an
     # operationId of its own in /openapi.json (client generators reject duplicates).
@@ -167,7 +173,11 @@ def _presented_key(request: Request, fields: dict[str, Any]) -> str | None:
 
 
 async def _translate(
-    service: TranslationService, request: Request, fields: dict[str, Any]
+    service: TranslationService,
+    request: Request,
+    fields: dict[str, Any],
+    glossaries: GlossaryStore,
+    owner: str,
 ) -> JSONResponse:
     texts = fields.get("text")
     if isinstance(texts, str):
@@ -190,7 +200,18 @@ async def _translate(
     model = service.model_for(source, target, admitted_at(request))
     request.state.model = model.name
     options = search_options(Decoding(), settings, model)
-    found = await translate_texts(service, request, model, texts, options, documents, split)
+    terminology = None
+    if glossary_id := fields.get("glossary_id"):
+        if not fields.get("source_lang"):  # DeepL's rule: a glossary is for a pair
+            raise DeepLError(
+                400, "Use of a glossary requires the source_lang parameter to be specified."
+            )
+        terminology = await terminology_of(
+            glossaries, owner, str(glossary_id), source, model.bundle.target_lang, DeepLError
+        )
+    found = await translate_texts(
+        service, request, model, texts, options, documents, split, terminology
+    )
     detected = source.upper()
     billed = map(billed_characters, texts)  # DeepL's clients read the count
     return JSONResponse(
@@ -270,8 +291,6 @@ def _refuse_what_cannot_be_honoured(fields: dict[str, Any]) -> None:
         raise DeepLError(400, "Value for 'formality' not supported.")
     if formality in ("more", "less"):  # a demand, not a hint: the models have no formality
         raise DeepLError(400, "'formality' is not supported for the given target language.")
-    if fields.get("glossary_id"):
-        raise DeepLError(400, "Glossaries are not supported by this server.")
 
 
 def _language_list(service: TranslationService, kind: str) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 from service.serving.access import ApiKeys, key_from_headers
 from service.serving.metrics import Metrics
 from service.serving.requests import TranslationService
+from service.store import Store
 
 
 async def translation_service(request: Request) -> TranslationService:
@@ -23,6 +24,13 @@ async def translation_service(request: Request) -> TranslationService:
 
 async def metrics(request: Request) -> Metrics:
     return request.app.state.metrics
+
+
+async def get_store(request: Request) -> Store:
+    """The app's store (opened by the lifespan before the first request). Its methods are
+    synchronous and wait on the database: call them from a plain `def` route (FastAPI runs it
+    in its thread pool) or `run_in_threadpool`, never on the event loop itself."""
+    return request.app.state.store
 
 
 async def api_keys(request: Request) -> ApiKeys:
@@ -55,3 +63,4 @@ async def client_disconnected(request: Request) -> None:
 ServiceDep = Annotated[TranslationService, Depends(translation_service)]
 MetricsDep = Annotated[Metrics, Depends(metrics)]
 ApiKeysDep = Annotated[ApiKeys, Depends(api_keys)]
+StoreDep = Annotated[Store, Depends(get_store)]

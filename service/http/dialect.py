@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 
@@ -35,6 +35,7 @@ from service.serving.registry import LoadedModel
 from service.serving.requests import TranslationService
 from service.serving.sentences import SplitMode
 from service.serving.settings import Settings
+from service.serving.terminology import Terminology
 
 log = logging.getLogger("nmt.app")
 
@@ -88,11 +89,16 @@ class Dialect:
     # the key a request presents (the headers', or a field of the dialect's own) or None.
     read_fields: Callable[[Request], Awaitable[dict[str, Any]]] | None = None
     presented_key: Callable[[Request, dict[str, Any]], str | None] | None = None
+    # ... and every path that starts with one of these (a resource's own paths, by its id).
+    prefixes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         missing = set(Limit) - set(self.limit_status)
         if missing:
             raise ValueError(f"{self.error.__name__}: no status for {sorted(missing)}")
+
+    def serves(self, path: str) -> bool:
+        return path in self.paths or any(path.startswith(prefix) for prefix in self.prefixes)
 
     def status_of(self, error: ServiceError) -> int:
         limit = limit_of(error)
@@ -109,8 +115,8 @@ class Dialect:
         self,
         request: Request,
         keys: ApiKeys,
-        respond: Callable[[dict[str, Any]], Awaitable[JSONResponse]],
-    ) -> JSONResponse:
+        respond: Callable[[dict[str, Any]], Awaitable[Response]],
+    ) -> Response:
         """Read the fields, check the key, respond; every failure in the dialect's body."""
         assert self.read_fields is not None and self.presented_key is not None
         try:
@@ -185,18 +191,21 @@ async def translate_texts(
     options: SearchOptions,
     documents: list[markup.Document] | None = None,
     split: SplitMode = "sentences",
+    terminology: Terminology | None = None,
 ) -> Translated:
     """The texts translated, or the documents read from them with their markup carried; what
-    the request used accounted."""
+    the request used accounted. `terminology`: a glossary's terms, written where found."""
 
     def gone() -> Awaitable[None]:
         return client_disconnected(request)
 
     if documents is not None:
-        written = await markup.translate(service, model, documents, options, gone)
+        written = await markup.translate(service, model, documents, options, gone, terminology)
         account(request, len(texts), written)
         return Translated(written.texts, [[] for _ in documents])
-    result = await service.translate(model, texts, options, gone, split=split)
+    result = await service.translate(
+        model, texts, options, gone, split=split, terminology=terminology
+    )
     account(request, len(texts), result)
     others = [[a.text for a in item.n_best[1:]] for item in result.texts]
     return Translated([item.text for item in result.texts], others)

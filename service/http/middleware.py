@@ -176,9 +176,7 @@ class RequestContextMiddleware:
                 return max(limit, self.max_body_bytes)
         return self.max_body_bytes
 
-    async def _read_body(
-        self, scope: Scope, receive: Receive, limit: int
-    ) -> Receive | str | None:
+    async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> Receive | str | None:
         """Read the whole body up front, refusing it past the limit (None) or when it has not
         all arrived within the body timeout ("timeout": one deadline for the whole body, not
         per pause, so a byte every few seconds does not hold the connection for ever), and

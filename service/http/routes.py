@@ -10,13 +10,17 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from service.http.dependencies import (
+    ApiKeysDep,
     MetricsDep,
     ServiceDep,
+    StoreDep,
     client_disconnected,
+    header_key,
     require_api_key,
     require_api_key_for_metrics,
 )
 from service.http.dialect import Dialect, DialectError, search_options, with_request_id
+from service.http.glossary_lookup import owner_of, terminology_of
 from service.http.limits import Limit, check_texts
 from service.http.middleware import admitted_at
 from service.http.schemas import (
@@ -28,9 +32,10 @@ from service.http.schemas import (
     translate_request_model,
 )
 from service.http.usage import account
-from service.serving.errors import InvalidInput, ServiceError
+from service.serving.errors import GlossaryUnknown, InvalidInput, ServiceError
 from service.serving.requests import RequestResult, off_loop
 from service.serving.settings import Settings
+from service.serving.terminology import Terminology
 
 
 class NativeError(DialectError):
@@ -103,13 +108,34 @@ def build_router(settings: Settings) -> APIRouter:
         body: TranslateRequest,  # type: ignore[valid-type]
         request: Request,
         service: ServiceDep,
+        keys: ApiKeysDep,
+        store: StoreDep,
     ) -> Response:
         check_texts(body.text, settings)
         model = service.model_for(body.source_lang, body.target_lang, admitted_at(request))
         request.state.model = model.name
         options = search_options(body.decoding(), settings, model)
+        terminology = None
+        if body.glossary_id is not None:
+            owner = owner_of(keys, header_key(request))
+            bundle = model.bundle
+            terminology = await terminology_of(
+                store.glossaries,
+                owner,
+                body.glossary_id,
+                bundle.source_lang,
+                bundle.target_lang,
+                _glossary_error,
+            )
+        elif body.glossary is not None:
+            entries = [(term.source, term.target) for term in body.glossary]
+            terminology = await off_loop(len(entries), Terminology, entries)
         result = await service.translate(
-            model, body.texts, options, lambda: client_disconnected(request)
+            model,
+            body.texts,
+            options,
+            lambda: client_disconnected(request),
+            terminology=terminology,
         )
         account(request, len(body.texts), result)
         return await _json_answer(result, body)
@@ -173,6 +199,13 @@ def build_router(settings: Settings) -> APIRouter:
         return Response(metrics.render(), media_type=metrics.content_type)
 
     return router
+
+
+def _glossary_error(status: int, message: str) -> ServiceError:
+    """An unknown glossary (404, also another key's) or one without the pair (422)."""
+    if status == 404:
+        return GlossaryUnknown(message)
+    return InvalidInput("glossary_id", message, field="glossary_id")
 
 
 async def _json_answer(result: RequestResult, body: TranslateRequestBase) -> Response:

@@ -21,6 +21,15 @@ MAX_LANG_CODE = 16
 LAYER_SCHEMA = {"type": "integer", "minimum": 0}
 
 
+class GlossaryTerm(BaseModel):
+    """One entry of an inline glossary: a source term and the target its translation uses."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(min_length=1, max_length=1024, examples=["chien"])
+    target: str = Field(min_length=1, max_length=1024, examples=["hound"])
+
+
 class TranslateRequestBase(BaseModel):
     """Fields and behaviour shared by every configured variant of the request model."""
 
@@ -37,6 +46,8 @@ class TranslateRequestBase(BaseModel):
     return_alignment: bool
     alignment_layer: int | None
     alignment_heads: Literal["mean", "all"]
+    glossary_id: str | None
+    glossary: list[GlossaryTerm] | None
 
     @property
     def texts(self) -> list[str]:
@@ -131,6 +142,27 @@ def translate_request_model(settings: Settings) -> type[TranslateRequestBase]:
             description="with return_alignment: 'mean' averages the layer's heads; 'all' also "
             "returns each head's weights (head_weights)",
         )
+        glossary_id: str | None = Field(
+            None,
+            max_length=64,
+            description="a glossary made with POST /v2/glossaries or /v3/glossaries (and, with "
+            "API keys, by the same key): its dictionary for source_lang -> target_lang is "
+            "applied; its terms found in a text are written in the translation",
+        )
+        glossary: list[GlossaryTerm] | None = Field(
+            None,
+            max_length=settings.max_glossary_entries,
+            description="an inline glossary instead of glossary_id: terms found in a text "
+            "(case-insensitively, whole words, longest first) are written in the translation",
+        )
+
+        @model_validator(mode="after")
+        def _one_glossary(self) -> TranslateRequest:
+            if self.glossary_id is not None and self.glossary is not None:
+                raise PydanticCustomError(
+                    "two_glossaries", "give glossary_id or glossary, not both", {}
+                )
+            return self
 
         @model_validator(mode="after")
         def _n_best_within_beam(self) -> TranslateRequest:
@@ -204,6 +236,12 @@ class Translation(BaseModel):
 class Usage(BaseModel):
     input_tokens: int
     output_tokens: int
+    glossary_terms: int | None = Field(
+        None, description="with a glossary: its terms found in the texts' sentences"
+    )
+    glossary_terms_kept: int | None = Field(
+        None, description="with a glossary: how many of them the translations contain"
+    )
 
 
 class TranslateResponse(BaseModel):
@@ -228,7 +266,15 @@ class TranslateResponse(BaseModel):
         return cls(
             model=result.model,
             translations=translations,
-            usage=Usage(input_tokens=result.input_tokens, output_tokens=result.output_tokens),
+            usage=Usage(
+                input_tokens=result.input_tokens,
+                output_tokens=result.output_tokens,
+                **(
+                    {"glossary_terms": result.terms, "glossary_terms_kept": result.terms_kept}
+                    if request.glossary_id is not None or request.glossary is not None
+                    else {}
+                ),
+            ),
         )
 
 

@@ -35,6 +35,7 @@ class StepResult:
     top_ids: np.ndarray  # [rows, k] int64
     alignment: np.ndarray | None = None  # [rows, S], only when asked for
     attention: np.ndarray | None = None  # [rows, L, H, S], only when asked for
+    forced_log_probs: np.ndarray | None = None  # [rows, F], only for forced ids asked for
 
 
 class Engine:
@@ -83,11 +84,12 @@ class Engine:
         first request that needs a missing name: refuse it at load, saying what to do."""
         inputs = {value.name for value in self.decoder.get_inputs()}
         outputs = {value.name for value in self.decoder.get_outputs()}
-        needed_inputs = {"target_ids", "source_mask", "top_k", "positions"}
+        needed_inputs = {"target_ids", "source_mask", "top_k", "positions", "forced_ids"}
         needed_inputs |= {*self.past_names, *self.cross_names}
         if self.shortlist is not None:
             needed_inputs |= {"vocabulary", "output_projection"}
-        needed_outputs = {"top_log_probs", "top_ids", "alignment", *self.attention_names}
+        needed_outputs = {"top_log_probs", "top_ids", "forced_log_probs", "alignment"}
+        needed_outputs |= set(self.attention_names)
         needed_outputs |= set(self.present_names)
         missing = sorted((needed_inputs - inputs) | (needed_outputs - outputs))
         if missing:
@@ -147,13 +149,15 @@ class Engine:
         top_k: int,
         want_alignment: bool = False,
         want_attention: bool = False,
+        forced: np.ndarray | None = None,
     ) -> StepResult:
         """Feed every row its next input token, tokens [rows] int64 (the start token first).
 
         Writes each row's new key and value into the cache's buffers and returns each row's
         top_k next tokens with their log-probs, and when asked for this step's
         cross-attention weights: the alignment [rows, S] (last layer, head mean) and every
-        layer's and head's weights [rows, L, H, S].
+        layer's and head's weights [rows, L, H, S]. `forced` [rows, F] (word ids): their
+        log-probs too, forced_log_probs [rows, F] (-inf for a word a shortlist leaves out).
 
         Through IO binding: the cache buffers are bound as both past and present (the graph
         writes each row's new position into them); the tokens, positions and outputs are
@@ -168,12 +172,22 @@ class Engine:
             self._gather_vocabulary(cache)
         words = self.vocab_size if cache.vocabulary is None else len(cache.vocabulary)
         k = min(top_k, words)
-        if cache.bound != (k, want_alignment, want_attention):
-            cache.binding, cache.io = self._bind(cache, k, want_alignment, want_attention)
-            cache.bound = (k, want_alignment, want_attention)
+        width = 1 if forced is None else forced.shape[1]
+        wanted = (k, want_alignment, want_attention, width)
+        if cache.bound != wanted:
+            cache.binding, cache.io = self._bind(cache, *wanted)
+            cache.bound = wanted
         io = cache.io
         io["target_ids"][:, 0] = tokens
         io["positions"][:] = cache.positions
+        outside = None  # forced words a shortlist leaves out
+        if forced is not None:
+            if cache.vocabulary is None:
+                io["forced_ids"][:] = forced
+            else:  # the graph reads positions among the candidates
+                places = np.minimum(np.searchsorted(cache.vocabulary, forced), words - 1)
+                outside = cache.vocabulary[places] != forced
+                io["forced_ids"][:] = places
         self.decoder.run_with_iobinding(cache.binding)
         cache.positions = cache.positions + 1  # every row moves on by one
         # Copies: the arrays are written again by the next step, the results are the caller's.
@@ -182,6 +196,10 @@ class Engine:
             result.alignment = io["alignment"].copy()
         if want_attention:  # [L, rows, H, S] -> [rows, L, H, S]
             result.attention = np.ascontiguousarray(io["attention"].transpose(1, 0, 2, 3))
+        if forced is not None:
+            result.forced_log_probs = io["forced_log_probs"].copy()
+            if outside is not None:
+                result.forced_log_probs[outside] = -np.inf
         return result
 
     def _gather_vocabulary(self, cache: KVCache) -> None:
@@ -194,7 +212,7 @@ class Engine:
         cache.unbind()
 
     def _bind(
-        self, cache: KVCache, k: int, alignment: bool, attention: bool
+        self, cache: KVCache, k: int, alignment: bool, attention: bool, forced: int
     ) -> tuple[ort.IOBinding, dict[str, np.ndarray]]:
         """A new binding for the cache's steps, and the arrays bound besides the caches: the
         sources' keys and values and the cache buffers (their leading slots, one per row, as
@@ -207,13 +225,16 @@ class Engine:
             "top_k": _top_k_input(k),
             "top_log_probs": np.empty((rows, k), dtype=np.float32),
             "top_ids": np.empty((rows, k), dtype=np.int64),
+            # (without forced words: one column of word 0, whose log-prob nobody reads)
+            "forced_ids": np.zeros((rows, forced), dtype=np.int64),
+            "forced_log_probs": np.empty((rows, forced), dtype=np.float32),
         }
         inputs = {"source_mask": cache.source_mask}
         inputs |= dict(zip(self.cross_names, cache.cross, strict=True))
-        inputs |= {name: io[name] for name in ("target_ids", "positions", "top_k")}
+        inputs |= {name: io[name] for name in ("target_ids", "positions", "top_k", "forced_ids")}
         if cache.vocabulary is not None:
             inputs |= {"vocabulary": cache.vocabulary, "output_projection": cache.projection}
-        outputs = {name: io[name] for name in ("top_log_probs", "top_ids")}
+        outputs = {name: io[name] for name in ("top_log_probs", "top_ids", "forced_log_probs")}
         if alignment:
             outputs["alignment"] = io["alignment"] = np.empty((rows, width), dtype=np.float32)
         if attention:  # one array for all layers, each layer's part contiguous

@@ -32,6 +32,7 @@ from service.runtime.search import Finished, Sentence, batch_key
 from service.runtime.strategies import (
     MAX_REPEAT_NGRAM,
     SearchStrategy,
+    TermWords,
     repeat_closers,
     strategy_for,
 )
@@ -53,8 +54,10 @@ def pad_sources(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.n
     return ids, mask
 
 
-def running_batch(engine: Engine, beam_size: int) -> RunningBatch:
-    return RunningBatch(engine, strategy_for(beam_size))
+def running_batch(engine: Engine, beam_size: int, words: TermWords | None = None) -> RunningBatch:
+    """A running batch of `beam_size` rows a sentence; `words`: the target vocabulary's
+    pieces, for the word-level rules of a constrained search (strategies.TermWords)."""
+    return RunningBatch(engine, strategy_for(beam_size, words))
 
 
 @dataclass
@@ -204,7 +207,7 @@ class RunningBatch:
         self.per_sentence.append(self.engine, sentences)
         if self.history is not None or any(s.options.alignment for s in sentences):
             self._grow_history(new_rows)
-        self.strategy.joined(len(sentences))
+        self.strategy.joined(sentences)
 
     def _grow_history(self, new_rows: int) -> None:
         """Alignment rows for the new rows (zeros: before they joined), wide enough for every
@@ -229,7 +232,12 @@ class RunningBatch:
         if not self.sentences:
             return []
         result = self.engine.step(
-            self.cache, self.feed, top_k=self.top_k(), want_attention=self.wants_alignment()
+            self.cache,
+            self.feed,
+            top_k=self.top_k(),
+            want_alignment=self.strategy.needs_focus(),
+            want_attention=self.wants_alignment(),
+            forced=self.strategy.forced(self),
         )
         return self.stepped(result)
 
@@ -365,19 +373,47 @@ def step_together(batches: list[RunningBatch]) -> list[list[Finished]]:
     together = KVCache.went_on_together(caches) or KVCache.rows_together(caches)
     top_k = max(batch.top_k() for batch in live)
     want_attention = any(batch.wants_alignment() for batch in live)
+    want_alignment = any(batch.strategy.needs_focus() for batch in live)
     feed = np.concatenate([batch.feed for batch in live])
-    result = engine.step(together, feed, top_k=top_k, want_attention=want_attention)
+    forced = [batch.strategy.forced(batch) for batch in live]  # (once a step: it keeps them)
+    result = engine.step(
+        together,
+        feed,
+        top_k=top_k,
+        want_alignment=want_alignment,
+        want_attention=want_attention,
+        forced=_stacked_forced(forced, [batch.rows for batch in live]),
+    )
     ended: dict[int, list[Finished]] = {}
     start = 0
-    for batch in live:
+    for batch, words in zip(live, forced, strict=True):
         stop = start + batch.rows
         batch.cache.take_rows_of(together, start, stop)
-        ended[id(batch)] = batch.stepped(_rows_of(result, start, stop, batch.top_k()))
+        width = 0 if words is None else words.shape[1]
+        rows = _rows_of(result, start, stop, batch.top_k(), width)
+        ended[id(batch)] = batch.stepped(rows)
         start = stop
     return [ended.get(id(batch), []) for batch in batches]
 
 
-def _rows_of(result: StepResult, start: int, stop: int, top_k: int) -> StepResult:
+def _stacked_forced(forced: list[np.ndarray | None], rows: list[int]) -> np.ndarray | None:
+    """The batches' forced words one batch after the other, right-padded with word 0 to the
+    widest (None when no batch has any)."""
+    if all(words is None for words in forced):
+        return None
+    width = max(words.shape[1] for words in forced if words is not None)
+    stacked = np.zeros((sum(rows), width), dtype=np.int64)
+    start = 0
+    for words, count in zip(forced, rows, strict=True):
+        if words is not None:
+            stacked[start : start + count, : words.shape[1]] = words
+        start += count
+    return stacked
+
+
+def _rows_of(result: StepResult, start: int, stop: int, top_k: int, forced: int) -> StepResult:
+    """A batch's rows of a step taken together: its own top k and forced words."""
+
     def rows(array: np.ndarray | None) -> np.ndarray | None:
         return None if array is None else array[start:stop]
 
@@ -386,6 +422,7 @@ def _rows_of(result: StepResult, start: int, stop: int, top_k: int) -> StepResul
         top_ids=result.top_ids[start:stop, :top_k],
         alignment=rows(result.alignment),
         attention=rows(result.attention),
+        forced_log_probs=None if not forced else result.forced_log_probs[start:stop, :forced],
     )
 
 

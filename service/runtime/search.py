@@ -43,6 +43,12 @@ class Sentence:
     source: list[int]
     options: SearchOptions
     ticket: Hashable = None
+    # Terms its translation must contain, each a target token sequence (a glossary's; only a
+    # beam search with more than one beam writes them: strategies.ConstrainedBeamSearch)
+    constraints: tuple[tuple[int, ...], ...] = ()
+    # Per constraint, the source positions [start, end) of the words it translates: it is
+    # written where the decoder's attention is on them (empty: anywhere)
+    constraint_spans: tuple[tuple[int, int], ...] = ()
 
     def limit(self, max_positions: int) -> int:
         """The most tokens this sentence may produce, </s> included (length_limit), in a

@@ -14,13 +14,14 @@ must appear) is a third one behind the same interface.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nmt_contract import Hypothesis
 from service.runtime.engine import StepResult
-from service.runtime.search import Finished
+from service.runtime.search import Finished, Sentence
 
 if TYPE_CHECKING:
     from service.runtime.running_batch import RunningBatch
@@ -54,8 +55,8 @@ class SearchStrategy(ABC):
         self.beams = rows_per_sentence
 
     @abstractmethod
-    def joined(self, count: int) -> None:
-        """Set up the strategy's own state for the `count` sentences just appended."""
+    def joined(self, sentences: list[Sentence]) -> None:
+        """Set up the strategy's own state for the sentences just appended."""
 
     @abstractmethod
     def kept(self, kept: np.ndarray) -> None:
@@ -65,13 +66,44 @@ class SearchStrategy(ABC):
     def top_k(self, batch: RunningBatch) -> int:
         """How many best next tokens a row needs to see this step."""
 
+    def forced(self, batch: RunningBatch) -> np.ndarray | None:
+        """Words [rows, F] whose log-probs each row needs besides its top k (a constrained
+        search's terms), or None."""
+        return None
+
+    def needs_focus(self) -> bool:
+        """Whether this step needs each row's alignment (where in the source its attention
+        is: a constrained search places its terms by it)."""
+        return False
+
     @abstractmethod
     def choose(self, batch: RunningBatch, result: StepResult) -> list[Finished]:
         """Pick every row's next token from the step's top-k; finish and remove sentences."""
 
 
-def strategy_for(beam_size: int) -> SearchStrategy:
-    return GreedySearch() if beam_size == 1 else BeamSearch(beam_size)
+@dataclass(frozen=True)
+class TermWords:
+    """What a constrained search reads of the target vocabulary: each id's piece, without
+    SentencePiece's word-start mark, and whether it goes on with the word before it (no
+    mark) rather than starting one."""
+
+    pieces: tuple[str, ...]
+    continues_word: np.ndarray  # [V] bool
+
+    @classmethod
+    def from_pieces(cls, pieces: list[str], special: set[int]) -> TermWords:
+        marked = [piece.startswith("\u2581") for piece in pieces]
+        continues = np.array(
+            [not mark and i not in special and piece.isalnum() for i, (piece, mark) in
+             enumerate(zip(pieces, marked, strict=True))]
+        )  # fmt: skip
+        return cls(tuple(piece.lstrip("\u2581") for piece in pieces), continues)
+
+
+def strategy_for(beam_size: int, words: TermWords | None = None) -> SearchStrategy:
+    """Greedy for one row a sentence; otherwise beam search, which also takes sentences with
+    terms to write (so that a batch mixes them with free ones)."""
+    return GreedySearch() if beam_size == 1 else ConstrainedBeamSearch(beam_size, words)
 
 
 class GreedySearch(SearchStrategy):
@@ -81,8 +113,8 @@ class GreedySearch(SearchStrategy):
         super().__init__(1)
         self.log_probs = np.zeros(0)  # [sentences] sum of the chosen tokens' log-probs
 
-    def joined(self, count: int) -> None:
-        self.log_probs = np.concatenate([self.log_probs, np.zeros(count)])
+    def joined(self, sentences: list[Sentence]) -> None:
+        self.log_probs = np.concatenate([self.log_probs, np.zeros(len(sentences))])
 
     def kept(self, kept: np.ndarray) -> None:
         self.log_probs = self.log_probs[kept]
@@ -160,9 +192,10 @@ class BeamSearch(SearchStrategy):
         self.finished: list[list[Hypothesis]] = []  # per sentence
         self.kth_best = np.zeros(0)  # score of the K-th best finished hypothesis, if K exist
 
-    def joined(self, count: int) -> None:
+    def joined(self, sentences: list[Sentence]) -> None:
         # Beam 0 starts at 0; the other K-1 copies at -inf, so that the first step ranks only
         # beam 0's continuations: the K best first tokens make the K beams.
+        count = len(sentences)
         start = np.full((count, self.beams), -np.inf)
         start[:, 0] = 0.0
         self.scores = np.concatenate([self.scores, start])
@@ -179,31 +212,69 @@ class BeamSearch(SearchStrategy):
         # once K are kept open, so no beam gets more than K open ones and one </s> in.
         return self.beams + 1
 
+    # What a constrained search changes (ConstrainedBeamSearch); plain beam search:
+
+    def _continuations(
+        self, batch: RunningBatch, result: StepResult
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each beam's next words and their log-probs, [live, K, P] each."""
+        shape = (len(batch.sentences), self.beams, -1)
+        return result.top_log_probs.reshape(shape), result.top_ids.reshape(shape)
+
+    def _allowed(
+        self, batch: RunningBatch, candidates: np.ndarray, words: np.ndarray, at_limit: np.ndarray
+    ) -> np.ndarray:
+        """candidates [live, K, P], -inf where a word may not follow its beam."""
+        return candidates
+
+    def _ranked(self, candidates: np.ndarray, words: np.ndarray) -> np.ndarray:
+        """Each sentence's candidates [live, K*P] in the order they are kept: best first
+        (ties: the lower index first)."""
+        return np.argsort(-candidates, axis=1, kind="stable")
+
+    def _advanced(self, beams: np.ndarray, words: np.ndarray) -> None:
+        """The new beams [live, K]: each continues old beam beams[j, b] with words[j, b]."""
+
+    def _finished_one(self, j: int, beam: int, word: int | None) -> None:
+        """Sentence j's hypothesis just finished: beam `beam` (before this step's move) with
+        `word` last (None: the beam as it stood)."""
+
+    def _done(
+        self, done: np.ndarray, scores: np.ndarray, length: np.ndarray, penalty: np.ndarray
+    ) -> np.ndarray:
+        """Which sentences are done [live], given the open beams' scores [live, K] after this
+        step: also those with K hypotheses finished that no open beam can beat any more."""
+        complete = np.isfinite(self.kth_best)  # K hypotheses finished
+        if complete.any():
+            done = done | complete & (scores.max(axis=1) / length**penalty <= self.kth_best)
+        return done
+
     def choose(self, batch: RunningBatch, result: StepResult) -> list[Finished]:
         eos, width = batch.engine.eos_id, self.beams
-        live, per_beam = len(batch.sentences), width + 1
+        live = len(batch.sentences)
         length = batch.per_sentence.steps  # [live]: tokens in each open beam after this step
         penalty = batch.per_sentence.penalty
-        # candidates [live, K * (K+1)]: a beam's score plus the log-prob of one of its tokens
-        candidates = self.scores[:, :, None] + result.top_log_probs.reshape(live, width, per_beam)
+        # Each beam's continuations [live, K, P]: its top-k words (P = K+1), and in a
+        # constrained search the words its terms go on with; candidates [live, K, P]: the
+        # beam's score plus the log-prob of one of them.
+        log_probs, top_ids = self._continuations(batch, result)
+        per_beam = top_ids.shape[2]
+        candidates = self.scores[:, :, None] + log_probs
         if batch.per_sentence.any_repeats and batch.sequences.shape[1]:
             # A token that would repeat an n-gram once too often is no candidate at all.
             closers = batch.closers().reshape(live, width, 1, -1)
-            tokens = result.top_ids.reshape(live, width, per_beam)
-            closes = (closers == tokens[..., None]).any(axis=3) & (tokens != eos)
+            closes = (closers == top_ids[..., None]).any(axis=3) & (top_ids != eos)
             candidates = np.where(closes, -np.inf, candidates)
         at_limit = length >= batch.per_sentence.limit  # [live]
-        top_ids = result.top_ids.reshape(live, width, per_beam)
         if batch.engine.force_eos_at_limit and at_limit.any():
             # At its limit a beam's one continuation is </s>, scored 0 (as in HF).
             top_ids = top_ids.copy()
             top_ids[at_limit, :, 0] = eos
             candidates[at_limit, :, 0] = self.scores[at_limit]
             candidates[at_limit, :, 1:] = -np.inf
-        candidates = candidates.reshape(live, -1)
+        candidates = self._allowed(batch, candidates, top_ids, at_limit).reshape(live, -1)
         line = np.arange(live)[:, None]  # (indexes each sentence's own line of a [live, n])
-        # The 2K best candidates of each sentence, best first (ties: the lower index first).
-        top = np.argsort(-candidates, axis=1, kind="stable")[:, : 2 * width]  # [live, 2K]
+        top = self._ranked(candidates, top_ids)[:, : 2 * width]  # [live, 2K]
         top_scores = candidates[line, top]
         first_row = line * width
         top_row = first_row + top // per_beam  # the beam (row) each candidate continues
@@ -221,6 +292,7 @@ class BeamSearch(SearchStrategy):
             alignment = batch.alignment_of(row, j, int(length[j]))
             normalized = score / length[j] ** penalty[j]
             self.finished[j].append(Hypothesis(body, normalized, score, **alignment))
+            self._finished_one(j, int(row - first_row[j, 0]), int(token))
             if len(self.finished[j]) >= width:
                 self.kth_best[j] = sorted(h.score for h in self.finished[j])[-width]
 
@@ -237,9 +309,8 @@ class BeamSearch(SearchStrategy):
             next_rows = np.where(picked, top_row[line, pick], first_row)
             next_tokens = np.where(picked, top_token[line, pick], batch.engine.pad_id)
             done = at_limit | ~picked.any(axis=1)
-        complete = np.isfinite(self.kth_best)  # K hypotheses finished
-        if complete.any():  # done, too, if no open beam can beat the K-th best any more
-            done |= complete & (next_scores.max(axis=1) / length**penalty <= self.kth_best)
+        self._advanced(next_rows - first_row, next_tokens)
+        done = self._done(done, next_scores, length, penalty)
         ended = np.flatnonzero(done)
         # Done with nothing finished: every way on would have repeated an n-gram once too
         # often. Its best beam, as it stands, is its translation.
@@ -254,6 +325,7 @@ class BeamSearch(SearchStrategy):
             normalized = score / produced ** penalty[j]
             hypothesis = Hypothesis(own.tolist(), normalized, score, **alignment)
             self.finished[j].append(hypothesis)
+            self._finished_one(j, beam, None)
 
         leaving = [
             Finished(batch.sentences[j], self._n_best(batch, j), int(length[j])) for j in ended
@@ -273,4 +345,302 @@ class BeamSearch(SearchStrategy):
 
     def _n_best(self, batch: RunningBatch, sentence: int) -> list[Hypothesis]:
         ranked = sorted(self.finished[sentence], key=lambda h: -h.score)
+        return ranked[: batch.sentences[sentence].options.n_best]
+
+
+class ConstrainedBeamSearch(BeamSearch):
+    """Beam search in which a sentence's terms (Sentence.constraints: token sequences) must
+    appear in its translation: lexically constrained decoding with dynamic beam allocation
+    (Post & Vilar, 2018; the vectorized form is Hu et al., 2019, fairseq's
+    `LexicallyConstrainedBeamSearch`), placed by the cross-attention.
+
+    Each beam tracks its terms: which are written (a bit each), and the one it is in the
+    middle of (which, and how many of its tokens so far). Its candidates are its top-k words
+    plus the words that go on with its terms, scored by the decoder like any word
+    (`forced_log_probs`): the next token of the term it is in, and the first token of a term
+    not written yet, but only while the beam's attention (the step's alignment: where the
+    query of this position looks in the source) is on that term's source words. So a term is
+    written where its source is being translated, not pasted where the model happens to
+    stop. A candidate's bank is how many term tokens its beam has written once it takes the
+    word; the K beams kept are picked across banks in turn, the best of each bank first, so
+    that beams that wrote their terms survive next to beams the model prefers. </s> is a
+    candidate only once every term is written (or at the length limit); a sentence is done
+    when a hypothesis with every term has finished and no open beam with every term written
+    can beat it. A beam that started a term writes the rest of it next.
+
+    Sentences without terms in the same batch are searched exactly as BeamSearch does.
+    """
+
+    def __init__(self, beam_size: int, words: TermWords | None = None) -> None:
+        super().__init__(beam_size)
+        self.words = words  # (None: no word-level rules, only the terms' tokens)
+        self._families: dict[int, np.ndarray] = {}  # displaced word -> the words it starts
+        self.terms: list[tuple[tuple[int, ...], ...]] = []  # per sentence
+        # Per sentence and term: the source positions [start, end) it translates (None: any)
+        self.spans: list[tuple[tuple[int, int], ...] | None] = []
+        # Per sentence and beam [sentences, K]: the terms written (bit i: term i), the term
+        # it is in the middle of (-1: none) and how many of its tokens it has written.
+        self.written = np.zeros((0, beam_size), dtype=np.int64)
+        self.current = np.zeros((0, beam_size), dtype=np.int64)
+        self.matched = np.zeros((0, beam_size), dtype=np.int64)
+        self.just_written = np.zeros((0, beam_size), dtype=bool)  # a term ended at the last word
+        # Per sentence [K, terms]: the word each beam's model would have written where the
+        # beam started a term (-1: not started): not written again while the beam's
+        # attention stays on that term's source words ("a hound dog" for "un chien").
+        self.displaced: list[np.ndarray] = []
+        self.kept_terms: list[list[bool]] = []  # per sentence: per finished hypothesis
+        self.any_terms = False
+        # This step's forced words [rows, F] (what forced() asked the engine for), the term
+        # each starts (-1: it goes on with the term its beam is in), and which are real (the
+        # others pad the rows to one width)
+        self._forced_ids: np.ndarray | None = None
+        self._forced_term: np.ndarray | None = None
+        self._forced_valid: np.ndarray | None = None
+        # This step's: each row's source position of most attention, and its model's best word
+        self._focus: np.ndarray | None = None
+        self._best: np.ndarray | None = None
+
+    def joined(self, sentences: list[Sentence]) -> None:
+        super().joined(sentences)
+        count = len(sentences)
+        self.terms += [tuple(tuple(term) for term in s.constraints) for s in sentences]
+        self.spans += [s.constraint_spans or None for s in sentences]
+        zeros = np.zeros((count, self.beams), dtype=np.int64)
+        self.written = np.concatenate([self.written, zeros])
+        self.current = np.concatenate([self.current, zeros - 1])
+        self.matched = np.concatenate([self.matched, zeros])
+        self.just_written = np.concatenate([self.just_written, zeros.astype(bool)])
+        self.kept_terms += [[] for _ in range(count)]
+        self.displaced += [
+            np.full((self.beams, len(s.constraints)), -1, dtype=np.int64) for s in sentences
+        ]
+        self.any_terms = any(self.terms)
+
+    def kept(self, kept: np.ndarray) -> None:
+        super().kept(kept)
+        self.terms = [self.terms[i] for i in kept]
+        self.spans = [self.spans[i] for i in kept]
+        self.written, self.current = self.written[kept], self.current[kept]
+        self.matched, self.just_written = self.matched[kept], self.just_written[kept]
+        self.kept_terms = [self.kept_terms[i] for i in kept]
+        self.displaced = [self.displaced[i] for i in kept]
+        self.any_terms = any(self.terms)
+
+    def needs_focus(self) -> bool:
+        return self.any_terms
+
+    def forced(self, batch: RunningBatch) -> np.ndarray | None:
+        if not self.any_terms:
+            self._forced_ids = self._forced_term = self._forced_valid = None
+            return None
+        per_row: list[list[tuple[int, int]]] = []  # (word, term it starts or -1)
+        for j, terms in enumerate(self.terms):
+            for beam in range(self.beams):
+                words: dict[int, int] = {}
+                if terms:
+                    current, matched = int(self.current[j, beam]), int(self.matched[j, beam])
+                    if current >= 0:
+                        words[terms[current][matched]] = -1
+                    written = int(self.written[j, beam])
+                    for i, term in enumerate(terms):
+                        if not written >> i & 1:
+                            words.setdefault(term[0], i)
+                per_row.append(list(words.items()))
+        width = max(1, max(len(words) for words in per_row))
+        shape = (len(per_row), width)
+        forced, term = np.zeros(shape, dtype=np.int64), np.full(shape, -1, dtype=np.int64)
+        valid = np.zeros(shape, dtype=bool)
+        for row, words in enumerate(per_row):
+            for slot, (word, starts) in enumerate(words):
+                forced[row, slot], term[row, slot], valid[row, slot] = word, starts, True
+        self._forced_ids, self._forced_term, self._forced_valid = forced, term, valid
+        return forced
+
+    def _continuations(
+        self, batch: RunningBatch, result: StepResult
+    ) -> tuple[np.ndarray, np.ndarray]:
+        log_probs, words = super()._continuations(batch, result)
+        if self._forced_valid is None:
+            return log_probs, words
+        allowed = self._forced_valid.copy()
+        self._best = result.top_ids[:, 0]
+        self._focus = None
+        if result.alignment is not None:  # a term starts where its source is looked at
+            self._focus = focus = np.argmax(result.alignment, axis=1)  # [rows]
+            for row, slot in zip(*np.nonzero(allowed & (self._forced_term >= 0)), strict=True):
+                spans = self.spans[row // self.beams]
+                if spans is not None:
+                    start, end = spans[self._forced_term[row, slot]]
+                    allowed[row, slot] = start <= focus[row] < end
+        shape = (len(batch.sentences), self.beams, -1)
+        forced_ids = self._forced_ids.reshape(shape)
+        forced = np.where(allowed, result.forced_log_probs, -np.inf).reshape(shape)
+        # A beam in the middle of a term goes on with it: its next token is its only word.
+        inside = np.stack([self.current[j] >= 0 for j in range(len(self.terms))])  # [live, K]
+        log_probs = np.where(inside[..., None], -np.inf, log_probs)
+        starts = self._forced_term.reshape(shape) >= 0
+        forced = np.where(inside[..., None] & starts, -np.inf, forced)
+        # A forced word already among the beam's top k is that candidate, not a second one.
+        same = forced_ids[..., :, None] == words[..., None, :]  # [live, K, F, k]
+        again = (same & np.isfinite(log_probs)[..., None, :]).any(axis=-1)
+        forced = np.where(again, -np.inf, forced)
+        return np.concatenate([log_probs, forced], axis=2), np.concatenate([words, forced_ids], 2)
+
+    def _after(self, j: int, beam: int, word: int) -> tuple[int, int, int]:
+        """Beam `beam` of sentence j after writing `word`: (terms written, the term it is in,
+        its tokens written so far)."""
+        terms, written = self.terms[j], int(self.written[j, beam])
+        current, matched = int(self.current[j, beam]), int(self.matched[j, beam])
+        if current >= 0 and terms[current][matched] == word:
+            matched += 1
+            if matched == len(terms[current]):
+                return written | 1 << current, -1, 0
+            return written, current, matched
+        for i, term in enumerate(terms):  # a term started (or started again)
+            if not written >> i & 1 and term[0] == word:
+                return (written | 1 << i, -1, 0) if len(term) == 1 else (written, i, 1)
+        return written, -1, 0
+
+    def _bank(self, j: int, state: tuple[int, int, int]) -> int:
+        """How many term tokens a beam in `state` has written."""
+        written, _, matched = state
+        terms = self.terms[j]
+        return sum(len(term) for i, term in enumerate(terms) if written >> i & 1) + matched
+
+    def _all_written(self, j: int, written: np.ndarray, current: np.ndarray) -> np.ndarray:
+        return (written == (1 << len(self.terms[j])) - 1) & (current < 0)
+
+    def _allowed(
+        self, batch: RunningBatch, candidates: np.ndarray, words: np.ndarray, at_limit: np.ndarray
+    ) -> np.ndarray:
+        if not self.any_terms:
+            return candidates
+        eos = batch.engine.eos_id
+        for j, terms in enumerate(self.terms):
+            if not terms:
+                continue
+            if not at_limit[j]:
+                unfinished = ~self._all_written(j, self.written[j], self.current[j])  # [K]
+                ends = unfinished[:, None] & (words[j] == eos)
+                candidates[j] = np.where(ends, -np.inf, candidates[j])
+            if self.words is None:
+                continue
+            # A term ends a word: what follows it starts one ("a noveler" for "un livre").
+            ended = self.just_written[j][:, None] & self.words.continues_word[words[j]]
+            candidates[j] = np.where(ended, -np.inf, candidates[j])
+            spans = self.spans[j]
+            if spans is None or self._focus is None:
+                continue
+            # The term translates its source words: the word the model wanted there instead,
+            # or one it starts, is not written while the beam still looks at them.
+            for beam, term in zip(*np.nonzero(self.displaced[j] >= 0), strict=True):
+                start, end = spans[term]
+                if start <= self._focus[j * self.beams + beam] < end:
+                    family = self._family(int(self.displaced[j][beam, term]))
+                    again = np.isin(words[j, beam], family)
+                    candidates[j, beam] = np.where(again, -np.inf, candidates[j, beam])
+        return candidates
+
+    def _family(self, word: int) -> np.ndarray:
+        """The ids whose piece starts with `word`'s piece ("dog": "dog", "dogs"), word-start
+        marks aside; made once per word."""
+        if word not in self._families:
+            piece = self.words.pieces[word]
+            family = [i for i, other in enumerate(self.words.pieces) if other.startswith(piece)]
+            self._families[word] = np.array(family if piece else [word], dtype=np.int64)
+        return self._families[word]
+
+    def _ranked(self, candidates: np.ndarray, words: np.ndarray) -> np.ndarray:
+        order = super()._ranked(candidates, words)
+        if not self.any_terms:
+            return order
+        per_beam = words.shape[2]
+        flat = words.reshape(len(words), -1)
+        for j, terms in enumerate(self.terms):
+            if not terms:
+                continue
+            # Dynamic beam allocation: the best candidate of each bank (most term tokens
+            # first), then the second best of each, and so on; those that cannot be taken
+            # (-inf) last.
+            counts: dict[int, int] = {}
+            keys = []
+            for place, index in enumerate(order[j]):
+                if candidates[j, index] == -np.inf:
+                    keys.append((1, 0, 0, place))
+                    continue
+                beam = int(index) // per_beam
+                bank = self._bank(j, self._after(j, beam, int(flat[j, index])))
+                rank = counts.get(bank, 0)
+                counts[bank] = rank + 1
+                keys.append((0, rank, -bank, place))
+            order[j] = order[j][[key[3] for key in sorted(keys)]]
+        return order
+
+    def _advanced(self, beams: np.ndarray, words: np.ndarray) -> None:
+        if not self.any_terms:
+            return
+        written, current, matched = self.written.copy(), self.current.copy(), self.matched.copy()
+        just_written = np.zeros_like(self.just_written)
+        for j, terms in enumerate(self.terms):
+            if not terms:
+                continue
+            displaced = self.displaced[j][beams[j]]  # [K, terms]: each new beam's origin's
+            for new in range(self.beams):
+                old, word = int(beams[j, new]), int(words[j, new])
+                state = self._after(j, old, word)
+                written[j, new], current[j, new], matched[j, new] = state
+                just_written[j, new] = state[0] != int(self.written[j, old])
+                started = self._started(j, old, state)
+                best = int(self._best[j * self.beams + old])
+                if started >= 0 and best != word:
+                    displaced[new, started] = best
+            self.displaced[j] = displaced
+        self.written, self.current, self.matched = written, current, matched
+        self.just_written = just_written
+
+    def _started(self, j: int, beam: int, state: tuple[int, int, int]) -> int:
+        """The term that beam `beam` of sentence j started with the word that led to `state`
+        (its first token: one-token terms are written at once), or -1."""
+        written, current, matched = state
+        if current >= 0 and matched == 1:
+            return current
+        newly = written & ~int(self.written[j, beam])
+        if newly and len(self.terms[j][newly.bit_length() - 1]) == 1:
+            return newly.bit_length() - 1
+        return -1
+
+    def _finished_one(self, j: int, beam: int, word: int | None) -> None:
+        # (called before _advanced: written/current are still the beams before this step)
+        if not self.terms[j]:
+            self.kept_terms[j].append(True)
+            return
+        state = (int(self.written[j, beam]), int(self.current[j, beam]), 0)
+        if word is not None:
+            state = self._after(j, beam, word)
+        kept = state[0] == (1 << len(self.terms[j])) - 1 and state[1] < 0
+        self.kept_terms[j].append(kept)
+
+    def _done(
+        self, done: np.ndarray, scores: np.ndarray, length: np.ndarray, penalty: np.ndarray
+    ) -> np.ndarray:
+        if not self.any_terms:
+            return super()._done(done, scores, length, penalty)
+        free = np.array([not terms for terms in self.terms])
+        done = done | (free & super()._done(np.zeros_like(done), scores, length, penalty))
+        for j, terms in enumerate(self.terms):
+            found = zip(self.finished[j], self.kept_terms[j], strict=True)
+            best = [h.score for h, kept in found if kept]
+            if not terms or not best:
+                continue
+            # Done once a hypothesis with every term has finished and no open beam that has
+            # written them all can beat it (self.written is the new beams' now: _advanced ran).
+            ready = self._all_written(j, self.written[j], self.current[j])
+            open_best = scores[j][ready].max(initial=-np.inf) / length[j] ** penalty[j]
+            done[j] |= open_best <= max(best)
+        return done
+
+    def _n_best(self, batch: RunningBatch, sentence: int) -> list[Hypothesis]:
+        """Hypotheses with every term first, each group best first."""
+        found = zip(self.finished[sentence], self.kept_terms[sentence], strict=True)
+        ranked = [h for h, _ in sorted(found, key=lambda pair: (not pair[1], -pair[0].score))]
         return ranked[: batch.sentences[sentence].options.n_best]

@@ -16,6 +16,7 @@ import sentencepiece as spm
 
 from nmt_contract import join_marian_pieces, split_language_code
 from service.runtime.bundle import Bundle
+from service.runtime.strategies import TermWords
 
 
 class BundleTokenizer:
@@ -41,6 +42,39 @@ class BundleTokenizer:
             pieces = code + self.source.encode(text, out_type=str)
             encoded.append([*(self.vocab.get(p, self.unk_id) for p in pieces), self.eos_id])
         return encoded
+
+    def source_spans(self, text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Character spans [start, end) of `text` -> the spans of the source tokens that
+        cover them in encode([text])'s ids, [first, last + 1)."""
+        code, rest = ([], text) if self.vocab is None else split_language_code(text)
+        shift = len(text) - len(rest)  # (a language code is one token of its own)
+        pieces = self.source.encode(rest, return_type="proto").pieces
+        found = []
+        for start, end in spans:
+            first = len(rest[: max(start - shift, 0)].encode())  # SentencePiece counts bytes
+            last = len(rest[: max(end - shift, 0)].encode())
+            covering = [i for i, p in enumerate(pieces) if p.begin < last and p.end > first]
+            if covering:
+                found.append((len(code) + covering[0], len(code) + covering[-1] + 1))
+            else:
+                found.append((0, 0))
+        return found
+
+    def encode_target(self, text: str) -> tuple[int, ...]:
+        """Target-side ids of a piece of text (a glossary term a translation must contain),
+        without </s>: cut as it is cut inside a sentence after a space."""
+        if self.vocab is None:
+            return tuple(self.target.encode(text))
+        pieces = self.target.encode(text, out_type=str)
+        return tuple(self.vocab.get(piece, self.unk_id) for piece in pieces)
+
+    def term_words(self) -> TermWords:
+        """The target vocabulary as a constrained search reads it (strategies.TermWords)."""
+        if self.vocab is not None:
+            pieces = [self.piece_of.get(i, "<unk>") for i in range(max(self.piece_of) + 1)]
+        else:
+            pieces = [self.target.id_to_piece(i) for i in range(self.target.get_piece_size())]
+        return TermWords.from_pieces(pieces, {self.pad_id, self.eos_id, self.unk_id})
 
     def decode(self, ids: Iterable[int]) -> str:
         kept = [i for i in ids if i not in (self.pad_id, self.eos_id)]

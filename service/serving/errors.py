@@ -60,6 +60,12 @@ class UnknownPair(ServiceError):
         )
 
 
+class GlossaryUnknown(ServiceError):
+    """No glossary of that id, or another API key's (never told apart)."""
+
+    status = 404
+
+
 class DetectedLanguageNotServed(ServiceError):
     """Language detection named a language that no model translates into the target."""
 

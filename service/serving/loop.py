@@ -69,6 +69,7 @@ from service.serving.admission import DeadlineAdmission
 from service.serving.errors import DeadlineExceeded, ShuttingDown
 from service.serving.observer import BatchObserver
 from service.serving.queue import Job, QueuedSentence, Room, WaitingQueue
+from service.serving.terminology import SentenceTerms
 
 log = logging.getLogger("nmt.scheduler")  # the name operators' log filters already know
 
@@ -149,7 +150,16 @@ StepTogether = Callable[[list[DecodingBatch]], list[list[Finished]]]
 
 
 def _sentence(item: QueuedSentence) -> Sentence:
-    return Sentence(item.source, item.job.options, ticket=item)
+    terms = item.job.terms[item.index]
+    if terms is None:
+        return Sentence(item.source, item.job.options, ticket=item)
+    return Sentence(
+        item.source,
+        item.job.options,
+        ticket=item,
+        constraints=terms.constraints,
+        constraint_spans=terms.spans,
+    )
 
 
 class DecodingLoop:
@@ -237,10 +247,17 @@ class DecodingLoop:
         """Sentences in the running batches."""
         return sum(len(batch) for batch in self._batches.values())
 
-    def submit(self, sources: list[list[int]], options: SearchOptions, deadline: float) -> Job:
-        """Queue a request's sentences (see WaitingQueue.add); `deadline` is on self.clock."""
+    def submit(
+        self,
+        sources: list[list[int]],
+        options: SearchOptions,
+        deadline: float,
+        terms: list[SentenceTerms | None] | None = None,
+    ) -> Job:
+        """Queue a request's sentences (see WaitingQueue.add); `deadline` is on self.clock;
+        `terms`: per sentence, the glossary terms its translation must contain."""
         now = self.clock()
-        job = Job(sources, options, deadline, asyncio.get_running_loop(), now)
+        job = Job(sources, options, deadline, asyncio.get_running_loop(), now, terms)
         if not sources:
             job.closed = True
             job.settle([])

@@ -20,10 +20,13 @@ of a lone greedy request. Appending to a deque takes about a microsecond.
 
 from __future__ import annotations
 
+import logging
 import platform
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from importlib import metadata
 
 import onnxruntime
@@ -46,6 +49,12 @@ STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 # Decoder steps buffered before the worker puts them into their metrics itself (when nobody
 # scrapes): about 1 ms of its time every 256 steps, instead of 25 µs at each.
 STEP_BUFFER = 256
+
+# How long a scrape waits for a count from the database (nmt_glossaries). /metrics renders on
+# the event loop: a database that hangs must not hang the health checks with it.
+COUNT_WAIT_SECONDS = 0.5
+
+log = logging.getLogger("nmt.metrics")
 
 
 def package_version() -> str:
@@ -72,6 +81,14 @@ class Metrics:
             "nmt_requests",
             "HTTP requests answered, by route template, model and status code",
             ["route", "model", "status"],
+            registry=registry,
+        )
+        self.glossary_terms_kept = Histogram(
+            "nmt_glossary_terms_kept_ratio",
+            "per request with glossary terms: the share of the terms found in its sentences "
+            "that their translations contain",
+            ["model"],
+            buckets=(0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0),
             registry=registry,
         )
         self.request_duration = Histogram(
@@ -223,6 +240,14 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        # Read from the store at each scrape (watch_glossaries): the database is the truth,
+        # shared by every replica, so each reports the same number.
+        self.glossaries = Gauge(
+            "nmt_glossaries",
+            "glossaries in the store, of every owner (read from the database at each scrape)",
+            registry=registry,
+        )
+        self.glossaries.set_function(lambda: float("nan"))  # no store attached
         Info("nmt_build", "versions of the service and its runtime", registry=registry).info(
             {
                 "version": package_version(),
@@ -316,6 +341,9 @@ class Metrics:
         self.capacity.labels(model).set(sentences_per_second)
 
     # Requests (the HTTP middleware) and models (the registry).
+    def observe_terms_kept(self, model: str, ratio: float) -> None:
+        self.glossary_terms_kept.labels(model).observe(ratio)
+
     def observe_request(self, route: str, model: str, status: int, seconds: float) -> None:
         self.requests.labels(route, model, str(status)).inc()
         self.request_duration.labels(route, model).observe(seconds)
@@ -327,6 +355,11 @@ class Metrics:
             self.cache_lookups.labels(model, "miss").inc(misses)
         if evictions:
             self.cache_evictions.labels(model).inc(evictions)
+
+    def watch_glossaries(self, count: Callable[[], int]) -> None:
+        """nmt_glossaries becomes `count()` (the store's) at each scrape, read off the event
+        loop (/metrics renders on it) and waited for at most COUNT_WAIT_SECONDS."""
+        self.glossaries.set_function(_BoundedRead(count, "nmt_glossaries"))
 
     def observe_model_loaded(self, model: str, seconds: float, queue_capacity: int) -> None:
         self.model_load.labels(model).set(seconds)
@@ -346,3 +379,37 @@ class _FlushSteps(Collector):
 
     def describe(self) -> Iterator:
         return iter(())
+
+
+class _BoundedRead:
+    """A gauge's callback that calls `read` on a thread of its own and waits for it at most
+    COUNT_WAIT_SECONDS: the value, or NaN when it failed or is late. While a late read runs,
+    scrapes neither wait for it nor start another (a database that hangs gets one query at a
+    time); a failure is logged once, until a read succeeds again."""
+
+    def __init__(self, read: Callable[[], int], name: str) -> None:
+        self._read, self._name = read, name
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"nmt-{name}")
+        self._pending: Future[int] | None = None
+        self._failing = False
+
+    def __call__(self) -> float:
+        if self._pending is not None and not self._pending.done():
+            self._report("the last read has not answered yet")
+            return float("nan")  # and no second wait for it
+        self._pending = self._executor.submit(self._read)
+        try:
+            value = float(self._pending.result(timeout=COUNT_WAIT_SECONDS))
+        except FutureTimeout:
+            self._report(f"no answer within {COUNT_WAIT_SECONDS} s")
+            return float("nan")
+        except Exception as error:
+            self._report(str(error))
+            return float("nan")
+        self._failing = False
+        return value
+
+    def _report(self, reason: str) -> None:
+        if not self._failing:
+            log.warning("%s: could not read it: %s", self._name, reason)
+        self._failing = True

@@ -24,6 +24,7 @@ from nmt_contract import Hypothesis
 from service.runtime.search import SearchOptions, batch_key
 from service.serving.admission import DeadlineAdmission, retry_after
 from service.serving.errors import Backlogged, QueueFull
+from service.serving.terminology import SentenceTerms
 
 
 class Job:
@@ -37,9 +38,12 @@ class Job:
         deadline: float,
         loop: asyncio.AbstractEventLoop,
         now: float,
+        terms: list[SentenceTerms | None] | None = None,
     ) -> None:
         self.sources = sources
         self.options = options
+        # per source: the glossary terms its translation must contain (None: none)
+        self.terms = terms if terms is not None else [None] * len(sources)
         self.key = batch_key(options)  # the running batch its sentences share
         self.deadline = deadline  # on the decoding loop's clock
         self.timeout = deadline - now

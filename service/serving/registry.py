@@ -145,8 +145,10 @@ class ModelRegistry:
             retry_after=settings.retry_after_seconds,
         )
 
+        words = translator.tokenizer.term_words()  # (what a glossary term's search reads)
+
         def new_batch(beam_size: int) -> RunningBatch:
-            return running_batch(translator.engine, beam_size)
+            return running_batch(translator.engine, beam_size, words)
 
         loop = DecodingLoop(
             bundle.name,

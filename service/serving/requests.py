@@ -16,8 +16,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nmt_contract import Hypothesis
 from service.runtime.search import SearchOptions
@@ -41,7 +41,11 @@ from service.serving.loop import SentenceFailed
 from service.serving.registry import LoadedModel, ModelRegistry
 from service.serving.sentences import SplitMode, SplitText, split_text
 from service.serving.settings import Settings
+from service.serving.terminology import SentenceTerms, Terminology, kept
 from service.serving.word_alignment import WordAlignment, word_alignment
+
+if TYPE_CHECKING:
+    from service.serving.metrics import Metrics
 
 WEIGHT_DECIMALS = 3
 # Work on more than this many characters (an answer: characters plus attention weights) runs
@@ -49,6 +53,9 @@ WEIGHT_DECIMALS = 3
 PREPARE_INLINE_CHARS = 2000
 # A detection (percent) below this is a guess: see TranslationService.detect_source.
 SURE_DETECTION = 50.0
+# Beams for a sentence with glossary terms when its request asks for greedy search: a term
+# needs beams of its own next to those the model prefers (strategies.ConstrainedBeamSearch).
+TERM_BEAMS = 4
 
 
 T = TypeVar("T")
@@ -102,6 +109,8 @@ class RequestResult:
     input_tokens: int  # source tokens fed to the encoder, </s> included
     output_tokens: int  # tokens of the returned translations, </s> excluded
     alignment_weights: int = 0  # attention weights in `texts` (what rendering them costs)
+    terms: int = 0  # glossary terms found in the sentences
+    terms_kept: int = 0  # ... and found in their translations
 
 
 class TranslationService:
@@ -113,8 +122,10 @@ class TranslationService:
         registry: ModelRegistry,
         lifecycle: Lifecycle,
         cache: TranslationCache | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.registry = registry
         self.lifecycle = lifecycle
         self.cache = cache if cache is not None else TranslationCache(0, 0)  # 0: off
@@ -173,10 +184,13 @@ class TranslationService:
         client_gone: Callable[[], Awaitable[object]] | None = None,
         split: SplitMode = "sentences",
         alignment_weights: bool = True,
+        terminology: Terminology | None = None,
     ) -> RequestResult:
         """The texts translated. With options.alignment, each sentence's alignment: its
         weights (capped by NMT_MAX_ALIGNMENT_WEIGHTS, AlignmentTooLarge past it) unless
-        `alignment_weights` is False, for callers that read only the word alignment."""
+        `alignment_weights` is False, for callers that read only the word alignment. With a
+        `terminology` (a glossary's entries), its terms found in a sentence are written in
+        its translation (terminology.py, runtime/strategies.ConstrainedBeamSearch)."""
         characters = sum(len(text) for text in texts)
         quota = self.settings.character_limit
         if quota and self.characters_translated + characters > quota:
@@ -184,10 +198,8 @@ class TranslationService:
         timeout = self.settings.request_timeout_seconds
         deadline = time.monotonic() + timeout
         limit = self.settings.max_sentences_per_request
-        prepared = await off_loop(characters, _prepare, model, texts, limit, split)
-        hypotheses = await self._run(
-            model, prepared.sources, prepared.owners, options, deadline, client_gone
-        )
+        prepared = await off_loop(characters, _prepare, model, texts, limit, split, terminology)
+        hypotheses = await self._run(model, prepared, options, deadline, client_gone)
         weights = 0
         if options.alignment and alignment_weights:  # counted before any list is built
             weights = _alignment_weights(prepared, hypotheses)
@@ -204,47 +216,72 @@ class TranslationService:
             alignment_weights,
         )
         result.alignment_weights = weights
+        if result.terms and self.metrics is not None:
+            self.metrics.observe_terms_kept(model.name, result.terms_kept / result.terms)
         return result
 
     async def _run(
         self,
         model: LoadedModel,
-        sources: list[list[int]],
-        owners: list[int],
+        prepared: _Prepared,
         options: SearchOptions,
         deadline: float,
         client_gone: Callable[[], Awaitable[object]] | None,
     ) -> list[list[Hypothesis]]:
+        sources, terms = prepared.sources, prepared.terms
+        # Sentences with glossary terms bypass the cache (their translation is the terms')
         cached = self.cache.lookup(model.name, sources, options)
+        cached = [None if terms[i] else found for i, found in enumerate(cached)]
         missing = [i for i, found in enumerate(cached) if found is None]
         if missing:  # only what the cache lacks goes through the queue and the engine
             # ... and each distinct sentence once: a text repeated 64 times in one request
             # costs the engine one sentence, whether the cache is on or not.
-            first_of: dict[tuple[int, ...], int] = {}
+            first_of: dict[tuple, int] = {}
             for i in missing:
-                first_of.setdefault(tuple(sources[i]), i)
+                first_of.setdefault((tuple(sources[i]), terms[i]), i)
             firsts = list(first_of.values())
-            fresh = await self._decode(
-                model, [sources[i] for i in firsts], [owners[i] for i in firsts], options,
-                deadline, client_gone,
-            )  # fmt: skip
-            self.cache.store(model.name, [sources[i] for i in firsts], options, fresh)
-            found = dict(zip(first_of, fresh, strict=True))
+            fresh: list[list[Hypothesis]] = [[] for _ in firsts]
+            # A greedy request's sentences with terms are searched with beams, apart.
+            groups = [[k for k, i in enumerate(firsts) if not terms[i]]]
+            groups.append([k for k, i in enumerate(firsts) if terms[i]])
+            for group in groups:
+                if not group:
+                    continue
+                wanted = options
+                if terms[firsts[group[0]]] and options.beam_size < 2:
+                    wanted = replace(options, beam_size=max(TERM_BEAMS, options.n_best))
+                found = await self._decode(
+                    model, [firsts[k] for k in group], prepared, wanted, deadline, client_gone
+                )
+                for k, hypotheses in zip(group, found, strict=True):
+                    fresh[k] = hypotheses
+            plain = [k for k, i in enumerate(firsts) if not terms[i]]
+            self.cache.store(
+                model.name, [sources[firsts[k]] for k in plain], options, [fresh[k] for k in plain]
+            )
+            found_of = dict(zip(first_of, fresh, strict=True))
             for i in missing:
-                cached[i] = found[tuple(sources[i])]
+                cached[i] = found_of[tuple(sources[i]), terms[i]]
         return cached  # type: ignore[return-value]  # every slot is filled now
 
     async def _decode(
         self,
         model: LoadedModel,
-        sources: list[list[int]],
-        owners: list[int],
+        which: list[int],
+        prepared: _Prepared,
         options: SearchOptions,
         deadline: float,
         client_gone: Callable[[], Awaitable[object]] | None,
     ) -> list[list[Hypothesis]]:
+        """Sentences `which` of the request through the model's decoding loop."""
+        owners = [prepared.owners[i] for i in which]
         decoding = model.loop
-        job = decoding.submit(sources, options, deadline)
+        job = decoding.submit(
+            [prepared.sources[i] for i in which],
+            options,
+            deadline,
+            terms=[prepared.terms[i] for i in which],
+        )
         watcher = asyncio.ensure_future(client_gone()) if client_gone is not None else None
         grace_over = asyncio.ensure_future(self.lifecycle.grace_over.wait())
         try:
@@ -296,10 +333,15 @@ class _Prepared:
     sources: list[list[int]]
     owners: list[int]
     slots: list[list[int | None]]
+    terms: list[SentenceTerms | None]  # per source: the glossary terms found in it
 
 
 def _prepare(
-    model: LoadedModel, texts: list[str], max_sentences: int, split: SplitMode = "sentences"
+    model: LoadedModel,
+    texts: list[str],
+    max_sentences: int,
+    split: SplitMode = "sentences",
+    terminology: Terminology | None = None,
 ) -> _Prepared:
     splits = [split_text(clean_text(text, index), split) for index, text in enumerate(texts)]
     if (count := sum(len(split.sentences) for split in splits)) > max_sentences:
@@ -323,7 +365,23 @@ def _prepare(
             text = owners[position]
             number = slots[text].index(position)
             raise SentenceTooLong(text, len(ids), limit, sentence=number + 1)
-    return _Prepared(splits, sources, owners, slots)
+    terms: list[SentenceTerms | None] = [None] * len(sources)
+    if terminology is not None and len(terminology):
+        tokenizer = model.translator.tokenizer
+        terms = [_terms_of(tokenizer, terminology, sentence) for sentence in sentences]
+    return _Prepared(splits, sources, owners, slots, terms)
+
+
+def _terms_of(
+    tokenizer: BundleTokenizer, terminology: Terminology, sentence: str
+) -> SentenceTerms | None:
+    """What the glossary terms in `sentence` ask of the decoder (None: it has none)."""
+    matches = terminology.find(sentence)
+    if not matches:
+        return None
+    spans = tokenizer.source_spans(sentence, [(m.start, m.end) for m in matches])
+    constraints = tuple(tokenizer.encode_target(m.target) for m in matches)
+    return SentenceTerms(constraints, tuple(spans), tuple(m.target for m in matches))
 
 
 def _alignment_weights(prepared: _Prepared, hypotheses: list[list[Hypothesis]]) -> int:
@@ -384,12 +442,15 @@ def _assemble(
                 for slot in slots
             ]
         results.append(TextResult(n_best[0].text, n_best[0].score, n_best, alignment))
+    found = [(terms, hypotheses[i][0]) for i, terms in enumerate(prepared.terms) if terms]
     return RequestResult(
         model=model.name,
         texts=results,
         sentences=len(prepared.sources),
         input_tokens=sum(len(s) for s in prepared.sources),
         output_tokens=sum(len(h[0].tokens) for h in hypotheses),
+        terms=sum(len(terms.targets) for terms, _ in found),
+        terms_kept=sum(kept(tokenizer.decode(best.tokens), terms.targets) for terms, best in found),
     )
 
 

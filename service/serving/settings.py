@@ -108,6 +108,24 @@ class Settings(BaseSettings):
     )
     docs: bool = Field(True, description="serve the OpenAPI page at /docs (assets served locally)")
 
+    # Durable state (service/store: glossaries)
+    state_dir: Path = Field(
+        Path("data"),
+        description="folder of the files the server keeps: the SQLite database (nmt.db) when "
+        "NMT_DATABASE_URL is empty; made at start if missing",
+    )
+    database_url: SecretStr = Field(
+        SecretStr(""),
+        description="SQLAlchemy URL of the database that keeps glossaries; empty: SQLite, "
+        "sqlite:/// + NMT_STATE_DIR/nmt.db (one server); postgresql+psycopg://USER:PASSWORD@"
+        "HOST:PORT/DATABASE for replicas that share it. Never logged with its password",
+    )
+    database_migrate: bool = Field(
+        True,
+        description="bring the database's schema up to date at start; false: refuse to start "
+        "on an older one (run `nmt db upgrade` first)",
+    )
+
     # Request limits (422 past them)
     max_texts_per_request: int = Field(64, gt=0, description="texts in one request")
     max_sentences_per_request: int = Field(
@@ -158,6 +176,27 @@ class Settings(BaseSettings):
         ge=0,
         description="a translation stops before it repeats an n-gram (up to 4 tokens) more "
         "than this many times in a row (0 = off)",
+    )
+
+    # Glossaries (DeepL's /v2/glossaries and /v3/glossaries)
+    max_glossary_entries: int = Field(
+        100_000,
+        gt=0,
+        description="entries in one glossary dictionary (a language pair), after a merge too; "
+        "past it, 413",
+    )
+    max_glossary_bytes: int = Field(
+        10_485_760,
+        gt=0,
+        description="UTF-8 bytes of the entries one glossary request sends, all its "
+        "dictionaries together (DeepL's 10 MiB); past it, 413. A glossary request's body may "
+        "be this much larger than NMT_MAX_BODY_BYTES",
+    )
+    max_glossary_term_bytes: int = Field(
+        1024,
+        gt=0,
+        description="UTF-8 bytes of one glossary term, and of a glossary's name (DeepL's "
+        "1024); past it, 400",
     )
 
     # Continuous batching and the queue

@@ -10,6 +10,7 @@ real Prometheus scraping it with the repository's scrape configuration.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -21,11 +22,13 @@ from typing import Any
 
 import pytest
 import yaml
+from sqlalchemy.engine import make_url
 
 from tests.conftest import FRENCH_SENTENCES, ROOT
 from tests.servers import free_port, running_server, stop, wait_until
 
 COMPOSE = ROOT / "docker-compose.yml"
+POSTGRES_COMPOSE = ROOT / "deploy" / "compose.postgres.yml"
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 RULES = PROMETHEUS_DIR / "rules" / "nmt-alerts.yml"
 RULE_TESTS = PROMETHEUS_DIR / "rules" / "nmt-alerts.test.yml"
@@ -131,6 +134,66 @@ def test_loadtest_services_are_under_their_profile() -> None:
     assert "--master" in services["locust-master"]["command"]
     assert "--worker" in services["locust-worker"]["command"]
     assert services["locust-master"]["environment"]["LOCUST_HOST"] == "http://translator:8000"
+
+
+def test_the_postgres_override_points_the_translator_at_its_database() -> None:
+    """deploy/compose.postgres.yml merged over the stack, as docker-compose merges it: the
+    translator's NMT_DATABASE_URL names the postgres service, its user, database and password,
+    and the translator starts once the database is healthy."""
+    docker_compose = tool("docker-compose", "docker-compose")
+    result = subprocess.run(
+        [docker_compose, "-f", str(COMPOSE), "-f", str(POSTGRES_COMPOSE), "config"],
+        cwd=ROOT,
+        env={**os.environ, "NMT_POSTGRES_PASSWORD": "an-example"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    translator, postgres = services["translator"], services["postgres"]
+    url = make_url(translator["environment"]["NMT_DATABASE_URL"])
+    assert url.drivername == "postgresql+psycopg"
+    assert (url.host, url.port) == ("postgres", 5432)
+    database = postgres["environment"]
+    assert (url.username, url.password, url.database) == (
+        database["POSTGRES_USER"],
+        database["POSTGRES_PASSWORD"],
+        database["POSTGRES_DB"],
+    )
+    assert translator["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert postgres["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]
+    assert "ports" not in postgres  # only the stack reaches it
+    assert any(volume.endswith(":/var/lib/postgresql/data:rw") for volume in postgres["volumes"])
+
+
+def test_the_postgres_override_has_no_default_password() -> None:
+    docker_compose = tool("docker-compose", "docker-compose")
+    env = {k: v for k, v in os.environ.items() if k != "NMT_POSTGRES_PASSWORD"}
+    result = subprocess.run(
+        [docker_compose, "-f", str(COMPOSE), "-f", str(POSTGRES_COMPOSE), "config", "-q"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0 and "NMT_POSTGRES_PASSWORD" in result.stderr
+
+
+def test_the_translators_sqlite_database_is_on_a_named_volume() -> None:
+    """The image keeps its SQLite file in NMT_STATE_DIR, a VOLUME; compose mounts a named
+    volume there, so glossaries outlive the container."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    runtime = dockerfile[dockerfile.index("AS runtime") :]
+    data_dir = re.search(r"^\s+NMT_STATE_DIR=(\S+)", runtime, re.M)
+    assert data_dir, "the runtime stage sets no NMT_STATE_DIR"
+    assert re.search(rf'^VOLUME \["{re.escape(data_dir.group(1))}"\]$', runtime, re.M)
+    stack = compose()
+    mounts = dict(
+        reversed(volume.split(":")[:2]) for volume in stack["services"]["translator"]["volumes"]
+    )
+    assert mounts[data_dir.group(1)] in stack["volumes"]
 
 
 def bind_mounts() -> dict[str, dict[str, Path]]:
@@ -324,6 +387,7 @@ def test_ci_installs_the_tools_these_tests_skip_without() -> None:
         "debootstrap",
         "prometheus",
         "docker-compose",
+        "postgresql",
     }
     assert re.search(r"^make loadtest\b", script, re.M)
     dev = (ROOT / "pyproject.toml").read_text()

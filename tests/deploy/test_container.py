@@ -114,7 +114,8 @@ class Container:
         wait_until(healthy, timeout, f"health check of {self.name}")
 
     def remove(self) -> None:
-        podman("rm", "--force", "--time", "0", self.name, check=False)
+        # --volumes: the anonymous volume of the image's VOLUME (NMT_STATE_DIR) goes too.
+        podman("rm", "--force", "--volumes", "--time", "0", self.name, check=False)
 
 
 @pytest.fixture(scope="module")

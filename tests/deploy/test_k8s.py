@@ -29,6 +29,7 @@ from tests.conftest import ROOT
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("small", "large")
 ADAPTER = K8S / "prometheus-adapter"
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 BIN = ROOT / ".venv" / "bin"
 # An old cluster still in support at most providers, and the newest schemas shipped.
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
@@ -327,6 +328,32 @@ def test_the_hpa_scales_on_a_metric_the_server_exports_and_the_adapter_serves(
         series = re.match(r"(\w+)\{", rule["seriesQuery"]).group(1)
         assert families[series].type == "gauge"
         assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+
+
+# --- the database ----------------------------------------------------------------------------
+
+
+def test_the_database_url_comes_from_a_secret(rendered: list[dict[str, Any]]) -> None:
+    """Replicas (the HPA keeps two or more) share one PostgreSQL database, whose URL holds a
+    password: from a Secret the operator creates, never from the ConfigMap or the repository,
+    and not optional (a pod without it would keep glossaries in a SQLite file of its own)."""
+    assert one(rendered, "HorizontalPodAutoscaler")["spec"]["minReplicas"] > 1
+    assert "NMT_DATABASE_URL" not in config(rendered)
+    assert "Secret" not in {o["kind"] for o in rendered}
+    env = {e["name"]: e for e in server_container(rendered).get("env", [])}
+    reference = env["NMT_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+    assert not reference.get("optional", False)
+    # docs/deploy.md's command creates that Secret, with that key.
+    command = re.search(r"kubectl -n nmt create secret generic (\S+) .*?--from-literal=(\w+)=",
+                        DEPLOY_DOC.read_text(), re.S)  # fmt: skip
+    assert command, "docs/deploy.md shows no `kubectl create secret` for the database"
+    assert command.groups() == (reference["name"], reference["key"])
+
+
+def test_the_network_policy_lets_out_the_database_and_dns(rendered: list[dict[str, Any]]) -> None:
+    egress = one(rendered, "NetworkPolicy")["spec"]["egress"]
+    ports = {(p["port"], p["protocol"]) for rule in egress for p in rule["ports"]}
+    assert ports == {(5432, "TCP"), (53, "UDP"), (53, "TCP")}
 
 
 # --- the model from a volume ---------------------------------------------------------------

@@ -68,6 +68,7 @@ def step_inputs(sources: int, rows_per_source: int, past: int, source: int, seed
         "top_k": np.array(7),
         "past_mask": past_mask,
         "positions": past_mask.sum(axis=1).astype(np.int64),
+        "forced_ids": rng.integers(0, 300, (rows, 3)),
     }
     for name in layer_names("past", LAYERS):
         feeds[name] = rng.standard_normal((rows, HEADS, past, HEAD_DIM), dtype=np.float32)
@@ -97,10 +98,12 @@ def torch_step(model: Transformer, feeds: dict) -> dict:
         )
     log_probs = torch.log_softmax(logits[:, -1], dim=-1)
     top = torch.topk(log_probs, int(feeds["top_k"]), dim=-1)
+    forced = torch.gather(log_probs, 1, tensor["forced_ids"])
     attention = [w.squeeze(2).numpy() for w in weights]  # [B, H, S] per layer
     return {
         "top_log_probs": top.values.numpy(),
         "top_ids": top.indices.numpy(),
+        "forced_log_probs": forced.numpy(),
         "alignment": attention[-1].mean(axis=1),
         **dict(zip(attention_output_names(LAYERS), attention, strict=True)),
         **dict(
@@ -144,7 +147,8 @@ def test_the_step_gives_what_the_torch_model_gives_and_writes_one_position(
     lengths = feeds["positions"]  # each row's real cache: the last `length` of its past
     step = session(model)
     binding = step.io_binding()
-    names = ["top_log_probs", "top_ids", "alignment", *attention_output_names(LAYERS)]
+    names = ["top_log_probs", "top_ids", "forced_log_probs", "alignment"]
+    names += attention_output_names(LAYERS)
     for name in names:  # first: get_outputs() lists the outputs in the order they were bound
         binding.bind_output(name, "cpu")
     buffers = {}

@@ -20,6 +20,7 @@ from service.serving.requests import (
     TranslationService,
     off_loop,
 )
+from service.serving.terminology import Terminology
 from service.serving.word_alignment import WordAlignment
 
 
@@ -37,6 +38,7 @@ async def translate(
     documents: list[Document],
     options: SearchOptions,
     client_gone: Callable[[], Awaitable[object]] | None = None,
+    terminology: Terminology | None = None,
 ) -> MarkupResult:
     """Every sentence of every document in one pipeline request, with alignment on; then each
     run written with its tags placed. Long documents are walked and written on a worker
@@ -47,7 +49,9 @@ async def translate(
         texts = await off_loop(size, write, documents, [], executor=MARKUP_THREAD)
         return MarkupResult(texts, 0, 0, 0)
     options = replace(options, alignment=True, n_best=1)
-    result = await _translate_sentences(service, model, sources, owners, options, client_gone)
+    result = await _translate_sentences(
+        service, model, sources, owners, options, client_gone, terminology
+    )
     found = from_pipeline(result)
     texts = await off_loop(size, write, documents, found, executor=MARKUP_THREAD)
     return MarkupResult(texts, result.sentences, result.input_tokens, result.output_tokens)
@@ -104,6 +108,7 @@ async def _translate_sentences(
     owners: list[int],
     options: SearchOptions,
     client_gone: Callable[[], Awaitable[object]] | None,
+    terminology: Terminology | None = None,
 ) -> RequestResult:
     """The pipeline sees one text per sentence; its errors name the client's text instead,
     rebuilt from their fields (`owners` maps the pipeline's text to the client's). Only the
@@ -111,7 +116,13 @@ async def _translate_sentences(
     NMT_MAX_ALIGNMENT_WEIGHTS (the answer carries none)."""
     try:
         return await service.translate(
-            model, sources, options, client_gone, split="none", alignment_weights=False
+            model,
+            sources,
+            options,
+            client_gone,
+            split="none",
+            alignment_weights=False,
+            terminology=terminology,
         )
     except SentenceTooLong as error:  # the pipeline's "sentence 1" is not the client's
         owner = owners[error.text_index]

@@ -1,0 +1,84 @@
+"""A glossary's terms found in a sentence, and what the decoder must then write.
+
+A source term matches where its words appear in the text in a row: case-insensitively (by
+`str.casefold`), on word boundaries (a word is a run of letters and digits; every other
+non-space character is a word of its own, so "l'herbe" holds "herbe"), longest match first,
+and the earliest start wins an overlap. What a match asks of the decoder is a constraint: the
+target term's tokens, and the source tokens it translates (so that it is written where the
+decoder looks at them: runtime/strategies.ConstrainedBeamSearch).
+
+Looking terms up costs a dictionary probe per word of the text, whatever the glossary's size:
+terms are indexed by their first word.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+WORD = re.compile(r"\w+|[^\w\s]")
+
+
+@dataclass(frozen=True)
+class TermMatch:
+    start: int  # character offsets of the source term in the text, [start, end)
+    end: int
+    source: str  # as the glossary has it
+    target: str
+
+
+def _words(text: str) -> list[tuple[str, int, int]]:
+    return [(m.group().casefold(), m.start(), m.end()) for m in WORD.finditer(text)]
+
+
+class Terminology:
+    """The entries of one glossary dictionary (source term, target term), ready to be found."""
+
+    def __init__(self, entries: Iterable[tuple[str, str]]) -> None:
+        # first word -> [(all its words, source, target)], longest first
+        self.by_first: dict[str, list[tuple[tuple[str, ...], str, str]]] = {}
+        for source, target in entries:
+            words = tuple(word for word, _, _ in _words(source))
+            if words:
+                self.by_first.setdefault(words[0], []).append((words, source, target))
+        for terms in self.by_first.values():
+            terms.sort(key=lambda term: -len(term[0]))
+
+    def __len__(self) -> int:
+        return sum(len(terms) for terms in self.by_first.values())
+
+    def find(self, text: str) -> list[TermMatch]:
+        """The terms in `text`, in order, none overlapping another."""
+        words = _words(text)
+        found: list[TermMatch] = []
+        position = 0
+        while position < len(words):
+            match = None
+            for term, source, target in self.by_first.get(words[position][0], ()):
+                end = position + len(term)
+                if tuple(word for word, _, _ in words[position:end]) == term:
+                    match = TermMatch(words[position][1], words[end - 1][2], source, target)
+                    position = end
+                    break
+            if match is None:
+                position += 1
+            else:
+                found.append(match)
+        return found
+
+
+@dataclass(frozen=True)
+class SentenceTerms:
+    """What a sentence's matches ask of the decoder: per term its target tokens and the
+    source tokens [start, end) it translates; and the target terms, to check the output."""
+
+    constraints: tuple[tuple[int, ...], ...]
+    spans: tuple[tuple[int, int], ...]
+    targets: tuple[str, ...]
+
+
+def kept(translation: str, targets: Iterable[str]) -> int:
+    """How many of the target terms the translation contains (case-insensitively)."""
+    folded = translation.casefold()
+    return sum(target.casefold() in folded for target in targets)

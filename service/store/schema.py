@@ -1,0 +1,109 @@
+"""The tables of the store, in SQLAlchemy Core: what the code reads and writes (the migrations
+under migrations/versions/ create them, each frozen as it was written).
+
+A glossary has dictionaries (one per language pair), a dictionary has entries. Entries are rows,
+numbered in the order they were given (`ordinal`, 0, 1, ...): a dictionary may hold a million of
+them, which a JSON column would rewrite whole at every change and read whole at every lookup.
+Deleting a glossary or a dictionary deletes what it holds (ON DELETE CASCADE; SQLite needs
+`PRAGMA foreign_keys=ON`, which database.py sets on every connection).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+# Constraint names spelled out, so that a later migration can name what it alters on every
+# database (SQLite and PostgreSQL would otherwise name them differently, or not at all).
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime in, the same out, on every database: SQLite keeps no zone
+    (it stores the UTC wall time), PostgreSQL's timestamptz answers in the session's zone."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("a naive datetime: give it a timezone (UTC)")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+# Lengths: a UUID; an owner id (a key's hash, hex); a language code (BCP 47 tags fit in 35).
+glossaries = Table(
+    "glossaries",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("owner", String(128), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("creation_time", UtcDateTime, nullable=False),
+    # 1 at creation, one more at every change to the glossary or its dictionaries, in the
+    # same transaction: a cache of what it held is current, on any replica, while this is.
+    Column("version", Integer, nullable=False),
+    Index(None, "owner", "creation_time"),
+)
+
+glossary_dictionaries = Table(
+    "glossary_dictionaries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column(
+        "glossary_id",
+        String(36),
+        ForeignKey("glossaries.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("source_lang", String(35), nullable=False),
+    Column("target_lang", String(35), nullable=False),
+    # Kept with the entries in the same transactions: listing glossaries counts no rows.
+    Column("entry_count", Integer, nullable=False),
+    UniqueConstraint("glossary_id", "source_lang", "target_lang"),
+)
+
+glossary_entries = Table(
+    "glossary_entries",
+    metadata,
+    Column(
+        "dictionary_id",
+        Integer,
+        ForeignKey("glossary_dictionaries.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("ordinal", Integer, primary_key=True),
+    Column("source", Text, nullable=False),
+    Column("target", Text, nullable=False),
+)

@@ -1,0 +1,114 @@
+"""Constrained beam search on the committed model (fp32): the terms are written, where their
+source is translated; sentences without terms in the same batch decode exactly as they do
+alone; a batch stepped together with another keeps both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.runtime.bundle import load_bundle
+from service.runtime.running_batch import running_batch, step_together
+from service.runtime.search import SearchOptions, Sentence
+from service.runtime.sessions import EngineOptions
+from service.runtime.translator import Translator, search
+
+BEAM = SearchOptions(beam_size=4)
+# (sentence, [(source word, target term)]): terms the model does not choose on its own
+CASES = [
+    ("Un chien court dans l'herbe verte.", [("chien", "hound")]),
+    ("Une femme lit un livre sur un banc.", [("femme", "lady"), ("livre", "novel")]),
+    ("Deux hommes jouent au football dans un parc.", []),
+    ("Un enfant mange une glace.", [("enfant", "kid")]),
+    ("Un homme fait du vélo dans la rue.", []),
+]
+
+
+@pytest.fixture(scope="module")
+def translator(fr_en_bundle: Path) -> Translator:
+    return Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
+
+
+def sentence(translator: Translator, text: str, terms: list, ticket: int) -> Sentence:
+    tokenizer = translator.tokenizer
+    [source] = tokenizer.encode([text])
+    spans = [(text.index(word), text.index(word) + len(word)) for word, _ in terms]
+    return Sentence(
+        source,
+        BEAM,
+        ticket=ticket,
+        constraints=tuple(tokenizer.encode_target(target) for _, target in terms),
+        constraint_spans=tuple(tokenizer.source_spans(text, spans)),
+    )
+
+
+def decode(batches: list, together: bool = False) -> dict:
+    found = {}
+    while any(len(batch) for batch in batches):
+        steps = step_together(batches) if together else [batch.step() for batch in batches]
+        for ended in steps:
+            for done in ended:
+                found[done.sentence.ticket] = done.hypotheses
+    return found
+
+
+def contains(tokens: list[int], term: tuple[int, ...]) -> bool:
+    return any(tuple(tokens[i : i + len(term)]) == term for i in range(len(tokens)))
+
+
+def test_every_term_is_written_and_free_sentences_decode_as_alone(translator) -> None:
+    words = translator.tokenizer.term_words()
+    batch = running_batch(translator.engine, 4, words)
+    sentences = [sentence(translator, text, terms, i) for i, (text, terms) in enumerate(CASES)]
+    batch.join(sentences)
+    found = decode([batch])
+    for s in sentences:
+        best = found[s.ticket][0].tokens
+        for term in s.constraints:
+            assert contains(best, term), translator.tokenizer.decode(best)
+        if not s.constraints:  # a free row of a mixed batch: as beam search alone
+            [alone] = search(translator.engine, [s.source], BEAM)
+            assert [h.tokens for h in found[s.ticket]] == [h.tokens for h in alone]
+            assert found[s.ticket][0].score == pytest.approx(alone[0].score, abs=1e-5)
+
+
+def test_a_term_is_written_where_its_source_is_translated(translator) -> None:
+    """ "chien" is the sentence's second word: "hound" comes before the verb, not pasted at
+    the end."""
+    batch = running_batch(translator.engine, 4, translator.tokenizer.term_words())
+    batch.join([sentence(translator, *CASES[0], ticket=0)])
+    text = translator.tokenizer.decode(decode([batch])[0][0].tokens)
+    assert text.split()[1].lower() == "hound", text
+
+
+def test_a_term_the_attention_never_reaches_ends_at_the_limit(translator) -> None:
+    """Its span names no source token the decoder looks at: no hypothesis can write it, so
+    the sentence stops at its length limit with the best it has, without an error."""
+    text, _ = CASES[2]
+    [source] = translator.tokenizer.encode([text])
+    term = translator.tokenizer.encode_target("zebra")
+    options = SearchOptions(beam_size=4, max_length=12)
+    stuck = Sentence(source, options, 0, constraints=(term,), constraint_spans=((99, 100),))
+    batch = running_batch(translator.engine, 4, translator.tokenizer.term_words())
+    batch.join([stuck])
+    [best, *_] = decode([batch])[0]
+    assert len(best.tokens) <= 12
+
+
+def test_stepped_together_with_a_greedy_batch_it_decodes_as_apart(translator) -> None:
+    words = translator.tokenizer.term_words()
+
+    def batches() -> list:
+        greedy, beams = (
+            running_batch(translator.engine, 1),
+            running_batch(translator.engine, 4, words),
+        )
+        greedy.join([Sentence(translator.tokenizer.encode([CASES[2][0]])[0], SearchOptions(), 9)])
+        beams.join([sentence(translator, text, terms, i) for i, (text, terms) in enumerate(CASES)])
+        return [greedy, beams]
+
+    apart, together = decode(batches()), decode(batches(), together=True)
+    assert {k: [h.tokens for h in v] for k, v in apart.items()} == {
+        k: [h.tokens for h in v] for k, v in together.items()
+    }

@@ -1,0 +1,48 @@
+"""Finding a glossary's terms in text: case-insensitive, whole words, longest first, the
+earliest start winning an overlap (service/serving/terminology.py)."""
+
+from __future__ import annotations
+
+from service.serving.terminology import Terminology, kept
+
+
+def found(entries: list[tuple[str, str]], text: str) -> list[tuple[str, str]]:
+    return [(text[m.start : m.end], m.target) for m in Terminology(entries).find(text)]
+
+
+def test_terms_match_whole_words_in_any_case() -> None:
+    entries = [("chien", "hound"), ("chat", "feline")]
+    assert found(entries, "Le Chien et le CHAT.") == [("Chien", "hound"), ("CHAT", "feline")]
+    assert found(entries, "Les chiens et les chatons.") == []  # not inside a longer word
+    assert found(entries, "Un chien-loup.") == [("chien", "hound")]  # a hyphen ends a word
+
+
+def test_elided_articles_do_not_hide_a_term() -> None:
+    assert found([("herbe", "turf")], "Il court dans l'herbe.") == [("herbe", "turf")]
+    assert found([("herbe", "turf")], "Il court dans l’herbe.") == [("herbe", "turf")]
+
+
+def test_the_longest_term_wins_and_the_earliest_start_takes_an_overlap() -> None:
+    entries = [("chapeau", "hat"), ("chapeau rouge", "crimson hat"), ("rouge vif", "scarlet")]
+    assert found(entries, "Un chapeau rouge vif.") == [("chapeau rouge", "crimson hat")]
+    assert found(entries, "Un chapeau bleu.") == [("chapeau", "hat")]
+    assert found(entries, "Du rouge vif.") == [("rouge vif", "scarlet")]
+
+
+def test_a_term_found_twice_is_asked_for_twice() -> None:
+    assert found([("chien", "hound")], "Un chien voit un chien.") == [
+        ("chien", "hound"),
+        ("chien", "hound"),
+    ]
+
+
+def test_a_large_glossary_is_looked_up_by_first_word() -> None:
+    entries = [(f"mot{i}", f"word{i}") for i in range(100_000)] + [("vélo rouge", "red bike")]
+    terminology = Terminology(entries)
+    assert len(terminology) == 100_001
+    text = "Un vélo rouge et le mot99999."
+    assert [m.target for m in terminology.find(text)] == ["red bike", "word99999"]
+
+
+def test_kept_counts_the_targets_a_translation_contains() -> None:
+    assert kept("A Hound runs on the turf.", ["hound", "turf", "feline"]) == 2

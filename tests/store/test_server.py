@@ -1,0 +1,125 @@
+"""The store in the server: opened at start-up before any request (migrated), reachable as
+`app.state.store` and through the `get_store` dependency, counted by `nmt_glossaries` at each
+scrape, closed at shutdown; a database the server cannot use stops it, saying which one with
+its password masked. No model is needed: the store opens before the models load."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.http.app import create_app
+from service.http.dependencies import StoreDep
+from service.serving.metrics import COUNT_WAIT_SECONDS, Metrics
+from service.store import Dictionary, Store
+from tests.conftest import ROOT
+from tests.store.conftest import settings_for
+
+BAD_URL = "postgresql+psycopg://nmt:sekrit@127.0.0.1:1/nmt"
+
+
+def glossaries_gauge(metrics_text: str) -> float:
+    (family,) = [
+        f for f in text_string_to_metric_families(metrics_text) if f.name == "nmt_glossaries"
+    ]
+    (sample,) = family.samples
+    return sample.value
+
+
+def test_the_app_opens_the_store_serves_it_counts_it_and_closes_it(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed = []
+    original_close = Store.close
+    monkeypatch.setattr(Store, "close", lambda self: (closed.append(self), original_close(self)))
+    app = create_app(settings_for(database_url, model_dir=tmp_path / "no-models"))
+
+    @app.get("/test-store-count")
+    def count(store: StoreDep) -> dict:
+        return {"count": store.glossaries.count(), "same": store is app.state.store}
+
+    with TestClient(app) as client:
+        store = app.state.store
+        assert isinstance(store, Store)
+        assert glossaries_gauge(client.get("/metrics").text) == 0
+        store.glossaries.create("alice", "a", [Dictionary("en", "de", (("a", "b"),))])
+        store.glossaries.create("bob", "b", [])
+        assert client.get("/test-store-count").json() == {"count": 2, "same": True}
+        assert glossaries_gauge(client.get("/metrics").text) == 2
+        assert not closed
+    assert closed == [store]
+
+
+def test_a_database_the_app_cannot_open_stops_it_with_the_password_masked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(settings_for(BAD_URL, model_dir=tmp_path / "no-models"))
+    with pytest.raises(Exception, match="database is unavailable"), TestClient(app):
+        pass
+    lifecycle = app.state.service.lifecycle
+    assert lifecycle.phase == "failed"
+    assert "nmt:***@127.0.0.1:1/nmt" in lifecycle.reason and "sekrit" not in lifecycle.reason
+    assert "could not open the database" in caplog.text and "sekrit" not in caplog.text
+
+
+def test_nmt_serve_exits_on_a_database_it_cannot_open(tmp_path: Path) -> None:
+    env = {**os.environ, "NMT_DATABASE_URL": BAD_URL, "NMT_MODEL_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "nmt_cli", "serve", "--port", "0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr  # uvicorn's status for a failed start-up
+    assert "could not open the database postgresql+psycopg://nmt:***@127.0.0.1:1/nmt" in done.stderr
+    assert "sekrit" not in done.stdout + done.stderr
+
+
+def test_the_gauge_is_nan_while_the_database_fails_or_hangs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = Metrics()
+    assert glossaries_gauge(metrics.render().decode()) != glossaries_gauge(
+        metrics.render().decode()
+    )  # NaN: no store yet
+    state = {"mode": "ok"}
+    release = threading.Event()
+
+    def count() -> int:
+        if state["mode"] == "fail":
+            raise RuntimeError("the database did not answer")
+        if state["mode"] == "hang":
+            release.wait(30)
+        return 7
+
+    metrics.watch_glossaries(count)
+    assert glossaries_gauge(metrics.render().decode()) == 7
+    state["mode"] = "fail"
+    with caplog.at_level(logging.WARNING):
+        value = glossaries_gauge(metrics.render().decode())
+        metrics.render()
+    assert value != value  # NaN
+    assert caplog.text.count("could not read it") == 1  # once, not at every scrape
+    state["mode"] = "hang"
+    started = time.monotonic()
+    value = glossaries_gauge(metrics.render().decode())
+    assert value != value and time.monotonic() - started < COUNT_WAIT_SECONDS + 5
+    started = time.monotonic()
+    metrics.render()  # the hung read is not repeated, nor waited for again
+    assert time.monotonic() - started < COUNT_WAIT_SECONDS
+    state["mode"] = "ok"
+    release.set()
+    time.sleep(0.1)
+    assert glossaries_gauge(metrics.render().decode()) == 7
