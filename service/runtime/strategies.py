@@ -383,7 +383,8 @@ class ConstrainedBeamSearch(BeamSearch):
         self.written = np.zeros((0, beam_size), dtype=np.int64)
         self.current = np.zeros((0, beam_size), dtype=np.int64)
         self.matched = np.zeros((0, beam_size), dtype=np.int64)
-        self.just_written = np.zeros((0, beam_size), dtype=bool)  # a term ended at the last word
+        # The term each beam's last word ended (-1: none)
+        self.just_written = np.zeros((0, beam_size), dtype=np.int64)
         # Per sentence [K, terms]: the word each beam's model would have written where the
         # beam started a term (-1: not started): not written again while the beam's
         # attention stays on that term's source words ("a hound dog" for "un chien").
@@ -409,7 +410,7 @@ class ConstrainedBeamSearch(BeamSearch):
         self.written = np.concatenate([self.written, zeros])
         self.current = np.concatenate([self.current, zeros - 1])
         self.matched = np.concatenate([self.matched, zeros])
-        self.just_written = np.concatenate([self.just_written, zeros.astype(bool)])
+        self.just_written = np.concatenate([self.just_written, zeros - 1])
         self.kept_terms += [[] for _ in range(count)]
         self.displaced += [
             np.full((self.beams, len(s.constraints)), -1, dtype=np.int64) for s in sentences
@@ -496,8 +497,8 @@ class ConstrainedBeamSearch(BeamSearch):
             if matched == len(terms[current]):
                 return written | 1 << current, -1, 0
             return written, current, matched
-        for i, term in enumerate(terms):  # a term started (or started again)
-            if not written >> i & 1 and term[0] == word:
+        for i, term in enumerate(terms):  # a term started where its source is looked at
+            if not written >> i & 1 and term[0] == word and self._looks_at(j, beam, i):
                 return (written | 1 << i, -1, 0) if len(term) == 1 else (written, i, 1)
         return written, -1, 0
 
@@ -526,7 +527,7 @@ class ConstrainedBeamSearch(BeamSearch):
             if self.words is None:
                 continue
             # A term ends a word: what follows it starts one ("a noveler" for "un livre").
-            ended = self.just_written[j][:, None] & self.words.continues_word[words[j]]
+            ended = (self.just_written[j] >= 0)[:, None] & self.words.continues_word[words[j]]
             candidates[j] = np.where(ended, -np.inf, candidates[j])
             spans = self.spans[j]
             if spans is None or self._focus is None:
@@ -539,7 +540,28 @@ class ConstrainedBeamSearch(BeamSearch):
                     family = self._family(int(self.displaced[j][beam, term]))
                     again = np.isin(words[j, beam], family)
                     candidates[j, beam] = np.where(again, -np.inf, candidates[j, beam])
+            # Right after a term, a beam still looking at its source words wants to translate
+            # them again ("a youngster boy"): its model's best word then is not written.
+            for beam in np.flatnonzero(self.just_written[j] >= 0):
+                row = j * self.beams + beam
+                start, end = spans[int(self.just_written[j, beam])]
+                if start <= self._focus[row] < end and not self._is_punctuation(self._best[row]):
+                    again = np.isin(words[j, beam], self._family(int(self._best[row])))
+                    candidates[j, beam] = np.where(again, -np.inf, candidates[j, beam])
         return candidates
+
+    def _is_punctuation(self, word: int) -> bool:
+        piece = self.words.pieces[int(word)]
+        return not any(character.isalnum() for character in piece)
+
+    def _looks_at(self, j: int, beam: int, term: int) -> bool:
+        """Whether this step's attention of beam `beam` of sentence j is on the term's source
+        words (always, without spans or alignment)."""
+        spans = self.spans[j]
+        if spans is None or self._focus is None:
+            return True
+        start, end = spans[term]
+        return bool(start <= self._focus[j * self.beams + beam] < end)
 
     def _family(self, word: int) -> np.ndarray:
         """The ids whose piece starts with `word`'s piece ("dog": "dog", "dogs"), word-start
@@ -580,7 +602,7 @@ class ConstrainedBeamSearch(BeamSearch):
         if not self.any_terms:
             return
         written, current, matched = self.written.copy(), self.current.copy(), self.matched.copy()
-        just_written = np.zeros_like(self.just_written)
+        just_written = np.full_like(self.just_written, -1)
         for j, terms in enumerate(self.terms):
             if not terms:
                 continue
@@ -589,7 +611,8 @@ class ConstrainedBeamSearch(BeamSearch):
                 old, word = int(beams[j, new]), int(words[j, new])
                 state = self._after(j, old, word)
                 written[j, new], current[j, new], matched[j, new] = state
-                just_written[j, new] = state[0] != int(self.written[j, old])
+                newly = state[0] & ~int(self.written[j, old])
+                just_written[j, new] = newly.bit_length() - 1 if newly else -1
                 started = self._started(j, old, state)
                 best = int(self._best[j * self.beams + old])
                 if started >= 0 and best != word:
