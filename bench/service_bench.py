@@ -375,6 +375,12 @@ def parse_args() -> argparse.Namespace:
         "HEAD`; its `python -m nmt_cli` imports that tree's packages, the same virtual "
         "environment's dependencies)",
     )
+    parser.add_argument(
+        "--baseline-model-dir",
+        type=Path,
+        help="bundles folder of the baseline server, when its tree reads another bundle format "
+        "(exported by that tree's `nmt export`)",
+    )
     parser.add_argument("--out", type=Path, default=REPORT)
     parser.add_argument("--engine-worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -415,9 +421,15 @@ def main() -> None:
         engine = EngineAlone(model_dir, sentences, threads)
         stack.callback(engine.close)
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmt-bench-logs-")))
+        # A baseline tree of another bundle format serves its own export (--baseline-model-dir)
+        dirs = {name: model_dir for name in configs}
+        if args.baseline_model_dir is not None and compared:
+            dirs[BASELINE] = args.baseline_model_dir
         served = {
             name: stack.enter_context(
-                running_server(model_dir, log_dir, tree, **(SERVED | {"threads": threads} | told))
+                running_server(
+                    dirs[name], log_dir, tree, **(SERVED | {"threads": threads} | told)
+                )
             )
             for name, (told, tree) in configs.items()
         }

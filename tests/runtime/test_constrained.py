@@ -112,3 +112,12 @@ def test_stepped_together_with_a_greedy_batch_it_decodes_as_apart(translator) ->
     assert {k: [h.tokens for h in v] for k, v in apart.items()} == {
         k: [h.tokens for h in v] for k, v in together.items()
     }
+
+
+def test_a_term_kept_as_it_is_comes_out_verbatim(translator) -> None:
+    """A "do not translate" entry (target = source, a product name): written as given."""
+    text = "Un homme fait du vélo dans la rue."
+    batch = running_batch(translator.engine, 4, translator.tokenizer.term_words())
+    batch.join([sentence(translator, text, [("vélo", "vélo")], 0)])
+    found = translator.tokenizer.decode(decode([batch])[0][0].tokens)
+    assert "vélo" in found, found
