@@ -427,9 +427,7 @@ def main() -> None:
             dirs[BASELINE] = args.baseline_model_dir
         served = {
             name: stack.enter_context(
-                running_server(
-                    dirs[name], log_dir, tree, **(SERVED | {"threads": threads} | told)
-                )
+                running_server(dirs[name], log_dir, tree, **(SERVED | {"threads": threads} | told))
             )
             for name, (told, tree) in configs.items()
         }
