@@ -52,7 +52,7 @@ from service.runtime.strategies import TermWords
 from service.runtime.tokenizer import BundleTokenizer
 from service.runtime.translator import Translator
 from service.serving.input_text import model_input
-from service.serving.terminology import SentenceTerms, Terminology, kept
+from service.serving.terminology import SentenceTerms, Terminology, kept, sentence_terms
 from service.serving.word_alignment import WordAlignment, group_words, word_alignment
 
 SET_DIR = Path("tests/data/terminology")
@@ -114,19 +114,6 @@ def _lines(data: Path, split: str, lang: str = "fr") -> list[str]:
 
 
 # What a sentence's terms ask of the decoder, and the decoding.
-
-
-def sentence_terms(
-    tokenizer: BundleTokenizer, terminology: Terminology, text: str
-) -> SentenceTerms | None:
-    """As the server makes them (service/serving/requests.py `_terms_of`, private there):
-    the glossary's matches in `text` -> target token ids and the source token spans."""
-    matches = terminology.find(text)
-    if not matches:
-        return None
-    spans = tokenizer.source_spans(text, [(m.start, m.end) for m in matches])
-    constraints = tuple(tokenizer.encode_target(m.target) for m in matches)
-    return SentenceTerms(constraints, tuple(spans), tuple(m.target for m in matches))
 
 
 def decode(

@@ -41,7 +41,7 @@ from service.serving.loop import SentenceFailed
 from service.serving.registry import LoadedModel, ModelRegistry
 from service.serving.sentences import SplitMode, SplitText, split_text
 from service.serving.settings import Settings
-from service.serving.terminology import SentenceTerms, Terminology, kept
+from service.serving.terminology import SentenceTerms, Terminology, kept, sentence_terms
 from service.serving.word_alignment import WordAlignment, word_alignment
 
 if TYPE_CHECKING:
@@ -368,20 +368,8 @@ def _prepare(
     terms: list[SentenceTerms | None] = [None] * len(sources)
     if terminology is not None and len(terminology):
         tokenizer = model.translator.tokenizer
-        terms = [_terms_of(tokenizer, terminology, sentence) for sentence in sentences]
+        terms = [sentence_terms(tokenizer, terminology, sentence) for sentence in sentences]
     return _Prepared(splits, sources, owners, slots, terms)
-
-
-def _terms_of(
-    tokenizer: BundleTokenizer, terminology: Terminology, sentence: str
-) -> SentenceTerms | None:
-    """What the glossary terms in `sentence` ask of the decoder (None: it has none)."""
-    matches = terminology.find(sentence)
-    if not matches:
-        return None
-    spans = tokenizer.source_spans(sentence, [(m.start, m.end) for m in matches])
-    constraints = tuple(tokenizer.encode_target(m.target) for m in matches)
-    return SentenceTerms(constraints, tuple(spans), tuple(m.target for m in matches))
 
 
 def _alignment_weights(prepared: _Prepared, hypotheses: list[list[Hypothesis]]) -> int:

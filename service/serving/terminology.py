@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from service.runtime.tokenizer import BundleTokenizer
+
 WORD = re.compile(r"\w+|[^\w\s]")
 
 
@@ -76,6 +78,19 @@ class SentenceTerms:
     constraints: tuple[tuple[int, ...], ...]
     spans: tuple[tuple[int, int], ...]
     targets: tuple[str, ...]
+
+
+def sentence_terms(
+    tokenizer: BundleTokenizer, terminology: Terminology, sentence: str
+) -> SentenceTerms | None:
+    """What the glossary terms in `sentence` ask of the decoder (None: it has none): each
+    target term's tokens, and the source tokens of encode([sentence]) it translates."""
+    matches = terminology.find(sentence)
+    if not matches:
+        return None
+    spans = tokenizer.source_spans(sentence, [(m.start, m.end) for m in matches])
+    constraints = tuple(tokenizer.encode_target(m.target) for m in matches)
+    return SentenceTerms(constraints, tuple(spans), tuple(m.target for m in matches))
 
 
 def kept(translation: str, targets: Iterable[str]) -> int:

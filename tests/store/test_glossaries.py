@@ -410,5 +410,3 @@ def test_a_million_entries_round_trip_in_order(store: Store) -> None:
     store.glossaries.delete("", info.glossary_id)
     assert rows(store, glossary_entries) == 0
     print(f"1M entries: create {created - started:.1f} s, read {read - created:.1f} s")
-    # Not a benchmark: a bound far above the seconds it takes, against a quadratic slip.
-    assert read - started < 180
