@@ -128,6 +128,12 @@ def main() -> None:
     parser.add_argument("--b", nargs="*", default=[], help="NAME=VALUE settings of server B")
     parser.add_argument("--a-tree", type=Path, help="checkout server A runs from (default: this)")
     parser.add_argument("--b-tree", type=Path, help="checkout server B runs from (default: this)")
+    parser.add_argument(
+        "--b-model-dir",
+        type=Path,
+        help="server B's bundles, where its checkout reads another bundle format "
+        "(default: --model-dir)",
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
     sentences, source = load_sentences(args.sentences)
@@ -138,11 +144,12 @@ def main() -> None:
     configs = {"A": (args.a, args.a_tree), "B": (args.b, args.b_tree)}
     with ExitStack() as stack:
         model_dir = args.model_dir or temporary_bundles(stack)
+        model_dirs = {"A": model_dir, "B": args.b_model_dir or model_dir}
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmt-bench-logs-")))
         urls = {
             name: stack.enter_context(
                 running_server(
-                    model_dir,
+                    model_dirs[name],
                     log_dir,
                     tree or ROOT,
                     **(SERVED | {"threads": threads} | settings(told)),

@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.requests import Request
 
+from service.documents.formats.base import DocumentRefused
 from service.http.app import create_app
 from service.http.deepl import DEEPL
 from service.http.libretranslate import LIBRE
@@ -128,6 +129,7 @@ SAMPLES: dict[type, errors.ServiceError] = {
     errors.ClientGone: errors.ClientGone("gone"),
     errors.InternalError: errors.InternalError("a bug"),
     errors.TranslationFailed: errors.TranslationFailed(1, "onnxruntime failed"),
+    DocumentRefused: DocumentRefused("the file declares entities (a DTD subset)"),
 }
 
 

@@ -23,7 +23,9 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from service.documents.jobs import DocumentJobs
 from service.http import deepl, glossaries, libretranslate, routes
+from service.http import documents as documents_api
 from service.http.dependencies import require_api_key, require_api_key_for_metrics
 from service.http.dialect import Dialect
 from service.http.middleware import RequestContextMiddleware
@@ -59,12 +61,17 @@ def create_app(
         store = await asyncio.to_thread(_open_store, settings, lifecycle)
         app.state.store = store
         metrics.watch_glossaries(store.glossaries.count)
+        metrics.watch_documents(store.documents.queued)
+        documents = DocumentJobs(settings, service, store)
+        app.state.documents = documents
+        documents.start()  # its workers wait for the models to be ready
         loader = threading.Thread(
             target=_load_models, args=(service, lifecycle), name="nmt-load", daemon=True
         )
         loader.start()
         yield
         lifecycle.start_draining()
+        await documents.stop()  # the jobs they held go back to the queue, chunks kept
         await asyncio.to_thread(loader.join, settings.shutdown_timeout_seconds)
         await asyncio.to_thread(registry.close, settings.shutdown_timeout_seconds)
         await asyncio.to_thread(store.close)  # after the last request that could use it
@@ -94,6 +101,7 @@ def create_app(
     app.include_router(libretranslate.build_router(settings))
     app.include_router(deepl.build_router(settings))
     app.include_router(glossaries.build_router(settings))
+    app.include_router(documents_api.build_router(settings))
     app.state.dialect_of = dialect_of
     app.state.error_key = lambda path: dialect_of(path).error.key
     cors_origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
@@ -120,9 +128,16 @@ def create_app(
         retry_after=settings.retry_after_seconds,
         cors_origins=cors_origins,
         # A glossary's entries may be NMT_MAX_GLOSSARY_BYTES on top of an ordinary body.
+        # A document may be NMT_MAX_DOCUMENT_BYTES (and its form's fields).
         larger_bodies={
-            prefix: settings.max_body_bytes + settings.max_glossary_bytes
-            for prefix in glossaries.PREFIXES
+            **{
+                prefix: settings.max_body_bytes + settings.max_glossary_bytes
+                for prefix in glossaries.PREFIXES
+            },
+            **{
+                path: settings.max_body_bytes + settings.max_document_bytes
+                for path in documents_api.UPLOADS
+            },
         },
     )
     app.add_exception_handler(ServiceError, _service_error)
@@ -132,7 +147,13 @@ def create_app(
 
 
 # The dialects other than the native one, which answers every path they do not claim.
-DIALECTS = (libretranslate.LIBRE, deepl.DEEPL, glossaries.GLOSSARIES)
+DIALECTS = (
+    libretranslate.LIBRE,
+    deepl.DEEPL,
+    glossaries.GLOSSARIES,
+    *documents_api.DIALECTS,
+    documents_api.DEEPL_POLLS,
+)
 DIALECT_OF_PATH = {path: dialect for dialect in DIALECTS for path in dialect.paths}
 
 

@@ -87,7 +87,7 @@ def build_router(settings: Settings) -> APIRouter:
         request: Request, service: ServiceDep, keys: ApiKeysDep, store: StoreDep
     ) -> JSONResponse:
         async def work(fields: dict[str, Any]) -> JSONResponse:
-            owner = owner_of(keys, _presented_key(request, fields))
+            owner = owner_of(keys, presented_key(request, fields))
             return await _translate(service, request, fields, store.glossaries, owner)
 
         return await DEEPL.answer(request, keys, work)
@@ -166,7 +166,7 @@ async def _read_fields(request: Request) -> dict[str, Any]:
     return fields
 
 
-def _presented_key(request: Request, fields: dict[str, Any]) -> str | None:
+def presented_key(request: Request, fields: dict[str, Any]) -> str | None:
     """A header's key, else DeepL's deprecated `auth_key` form field."""
     auth_key = fields.get("auth_key")
     return header_key(request) or (auth_key if isinstance(auth_key, str) else None)
@@ -188,8 +188,8 @@ async def _translate(
         raise DeepLError(400, "Parameter 'text' must be a string or a list of strings.")
     settings = service.settings
     check_texts(texts, settings)
-    target = _target_language(fields.get("target_lang"))
-    _refuse_what_cannot_be_honoured(fields)
+    target = target_language(fields.get("target_lang"))
+    refuse_what_cannot_be_honoured(fields)
     tags = _tag_handling(fields)
     split = tags.split if tags is not None else _split_mode(fields, "1")
     documents = None
@@ -266,7 +266,7 @@ def _tag_list(fields: dict[str, Any], name: str) -> frozenset[str]:
     return frozenset(tag.strip() for v in values for tag in v.split(",") if tag.strip())
 
 
-def _target_language(value: Any) -> str:
+def target_language(value: Any) -> str:
     if not value:
         raise DeepLError(400, "Parameter 'target_lang' not specified.")
     if not isinstance(value, str):
@@ -285,7 +285,7 @@ async def _source_language(
     return (await service.detect_source(texts, target)).language
 
 
-def _refuse_what_cannot_be_honoured(fields: dict[str, Any]) -> None:
+def refuse_what_cannot_be_honoured(fields: dict[str, Any]) -> None:
     formality = str(fields.get("formality") or "default").lower()
     if formality not in FORMALITIES:
         raise DeepLError(400, "Value for 'formality' not supported.")
@@ -379,5 +379,5 @@ DEEPL = Dialect(
     statuses={401: 403, 404: 400, 422: 400},
     as_error=_as_deepl_error,
     read_fields=_read_fields,
-    presented_key=_presented_key,
+    presented_key=presented_key,
 )

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.documents import markup
+from service.documents.formats import supported_extensions
 from service.http.dependencies import ApiKeysDep, ServiceDep, header_key
 from service.http.dialect import (
     BodyWording,
@@ -166,8 +167,8 @@ def build_router(settings: Settings) -> APIRouter:
                 "apiKeys": bool(settings.api_key_list),
                 "keyRequired": bool(settings.api_key_list),
                 "suggestions": False,
-                "filesTranslation": False,
-                "supportedFilesFormat": [],
+                "filesTranslation": True,
+                "supportedFilesFormat": supported_extensions(),
                 "language": {"source": language(sources), "target": language(targets)},
             }
         )
@@ -210,7 +211,7 @@ async def _read_fields(request: Request) -> dict[str, Any]:
     return fields
 
 
-def _presented_key(request: Request, fields: dict[str, Any]) -> str | None:
+def presented_key(request: Request, fields: dict[str, Any]) -> str | None:
     """LibreTranslate's `api_key` field, else a header's key."""
     api_key = fields.get("api_key")
     if api_key is not None and not isinstance(api_key, str):
@@ -327,5 +328,5 @@ LIBRE = Dialect(
     statuses={401: 400, 404: 400, 422: 400},
     as_error=_as_libre_error,
     read_fields=_read_fields,
-    presented_key=_presented_key,
+    presented_key=presented_key,
 )

@@ -253,11 +253,13 @@ class DecodingLoop:
         options: SearchOptions,
         deadline: float,
         terms: list[SentenceTerms | None] | None = None,
+        background: bool = False,
     ) -> Job:
         """Queue a request's sentences (see WaitingQueue.add); `deadline` is on self.clock;
-        `terms`: per sentence, the glossary terms its translation must contain."""
+        `terms`: per sentence, the glossary terms its translation must contain; `background`:
+        a document's, which takes only the room interactive requests leave."""
         now = self.clock()
-        job = Job(sources, options, deadline, asyncio.get_running_loop(), now, terms)
+        job = Job(sources, options, deadline, asyncio.get_running_loop(), now, terms, background)
         if not sources:
             job.closed = True
             job.settle([])
@@ -377,6 +379,7 @@ class DecodingLoop:
         turns in a row: where sentences keep arriving, another would be in the encoder at
         every turn, and the join would wait for ever."""
         rooms: dict[Hashable, Room] = {}
+        interactive = self._queue.interactive_waiting()
         for key, count in self._queue.waiting().items():
             batch = self._batch(key)
             running = len(batch)
@@ -384,10 +387,13 @@ class DecodingLoop:
             # What counts is how many can join now, not how many wait: with a full queue and
             # one free place, a join per leaver would copy the caches (and call the encoder
             # for one sentence) at nearly every step.
+            # ... but a person waiting never waits for a document's rows to make a join
+            # worth its cost: they are background work (queue.py).
             due = (
                 not running
                 or min(count, free) >= self.limits.join_ratio * running
                 or self._steps_since_join.get(key, 0) >= self.limits.join_max_steps
+                or (key in interactive and self._runs_background(key))
             )
             rooms[key] = Room(
                 sentences=free if due else 0,
@@ -396,6 +402,9 @@ class DecodingLoop:
                 hold_for_encoding=bool(running) and key not in self._held_back,
             )
         return rooms
+
+    def _runs_background(self, key: Hashable) -> bool:
+        return any(item.job.background for item in self._running.get(key, {}))
 
     def _batch(self, key: Hashable) -> DecodingBatch:
         if key not in self._batches:

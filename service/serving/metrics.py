@@ -248,6 +248,24 @@ class Metrics:
             registry=registry,
         )
         self.glossaries.set_function(lambda: float("nan"))  # no store attached
+        self.documents_queued = Gauge(
+            "nmt_documents_queued",
+            "document jobs waiting for a worker, of every replica (read from the database at "
+            "each scrape)",
+            registry=registry,
+        )
+        self.documents_queued.set_function(lambda: float("nan"))
+        self.documents = Counter(
+            "nmt_documents_total",
+            "document jobs this server's workers ended, by format and outcome (done, error)",
+            ["format", "outcome"],
+            registry=registry,
+        )
+        self.document_characters = Counter(
+            "nmt_document_characters_total",
+            "characters of documents this server's workers translated",
+            registry=registry,
+        )
         Info("nmt_build", "versions of the service and its runtime", registry=registry).info(
             {
                 "version": package_version(),
@@ -360,6 +378,15 @@ class Metrics:
         """nmt_glossaries becomes `count()` (the store's) at each scrape, read off the event
         loop (/metrics renders on it) and waited for at most COUNT_WAIT_SECONDS."""
         self.glossaries.set_function(_BoundedRead(count, "nmt_glossaries"))
+
+    def watch_documents(self, queued: Callable[[], int]) -> None:
+        """nmt_documents_queued becomes `queued()` (the store's) at each scrape."""
+        self.documents_queued.set_function(_BoundedRead(queued, "nmt_documents_queued"))
+
+    def observe_document(self, format: str, outcome: str, characters: int) -> None:
+        self.documents.labels(format, outcome).inc()
+        if outcome == "done":
+            self.document_characters.inc(characters)
 
     def observe_model_loaded(self, model: str, seconds: float, queue_capacity: int) -> None:
         self.model_load.labels(model).set(seconds)

@@ -1,7 +1,11 @@
 """The waiting queue: what waits for the decoding loop (service/serving/loop.py), and which of
 it is admitted, joins a running batch, or has expired.
 
-Each request is a `Job`, queued as one `QueuedSentence` per sentence. Admission is bounded
+Each request is a `Job`, queued as one `QueuedSentence` per sentence. A job is interactive
+(a client waits for it) or `background` (a document's chunk): background sentences join a
+running batch only after every interactive sentence that fits has joined, and never count
+against an interactive job's admission, so that a 300-page upload never starves a request a
+person is waiting for (it only takes the room they leave). Admission is bounded
 twice: by the queue's length (`QueueFull`), and by time (service/serving/admission.py): a job
 that the backlog would keep past its deadline is refused at once (`Backlogged`), and a queued
 sentence that can no longer finish in time is found by `expired_jobs` before it costs a step.
@@ -19,6 +23,7 @@ import contextlib
 from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 
 from nmt_contract import Hypothesis
 from service.runtime.search import SearchOptions, batch_key
@@ -39,8 +44,10 @@ class Job:
         loop: asyncio.AbstractEventLoop,
         now: float,
         terms: list[SentenceTerms | None] | None = None,
+        background: bool = False,
     ) -> None:
         self.sources = sources
+        self.background = background
         self.options = options
         # per source: the glossary terms its translation must contain (None: none)
         self.terms = terms if terms is not None else [None] * len(sources)
@@ -135,7 +142,8 @@ class Joiners:
 
 
 class WaitingQueue:
-    """Queued sentences, oldest first, of one model. Not thread-safe (see the module)."""
+    """Queued sentences, oldest first, of one model: the interactive ones, then the background
+    ones. Not thread-safe (see the module)."""
 
     def __init__(
         self,
@@ -149,26 +157,31 @@ class WaitingQueue:
         self.retry_after = retry_after  # seconds, told to clients refused with QueueFull
         # Shared with the loop, which reports joins and finished sentences to it.
         self.admission = admission if admission is not None else DeadlineAdmission()
-        self._items: deque[QueuedSentence] = deque()
+        self._items: deque[QueuedSentence] = deque()  # interactive
+        self._background: deque[QueuedSentence] = deque()
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) + len(self._background)
 
     def __iter__(self) -> Iterator[QueuedSentence]:
-        return iter(self._items)
+        return chain(self._items, self._background)
 
     def add(self, job: Job, now: float, costs: list[int]) -> None:
         """Queue every sentence of a job (`costs`: each one's, see QueuedSentence), or raise
         QueueFull or Backlogged. A job that finds the queue empty is admitted whatever its
         size and its forecast: nothing else can be done for it, and it may be shorter than
-        the mean."""
+        the mean. A background job is always admitted: its caller bounds what it queues (a
+        document's chunk at a time), and interactive work goes first anyway."""
+        indices = range(len(job.sources))
+        items = [QueuedSentence(job, i, now, cost) for i, cost in zip(indices, costs, strict=True)]
+        if job.background:
+            self._background.extend(items)
+            return
         ahead = len(self._items)
         if ahead:
             self._check_deadline(job, now, ahead)
             if ahead + len(job.sources) > self.max_queued:
                 raise QueueFull(self.model, ahead, self.max_queued, self.retry_after)
-        indices = range(len(job.sources))
-        items = [QueuedSentence(job, i, now, cost) for i, cost in zip(indices, costs, strict=True)]
         self._items.extend(items)
 
     def _check_deadline(self, job: Job, now: float, ahead: int) -> None:
@@ -181,25 +194,32 @@ class WaitingQueue:
 
     def remove(self, job: Job) -> int:
         """Drop a job's queued sentences; returns how many there were."""
-        before = len(self._items)
-        self._items = deque(item for item in self._items if item.job is not job)
+        before = len(self)
+        if job.background:
+            self._background = deque(item for item in self._background if item.job is not job)
+        else:
+            self._items = deque(item for item in self._items if item.job is not job)
         if not self._items:
             self.admission.queue_emptied()
-        return before - len(self._items)
+        return before - len(self)
 
     def waiting(self) -> dict[Hashable, int]:
         """How many sentences wait, per key."""
         counts: dict[Hashable, int] = {}
-        for item in self._items:
+        for item in self:
             counts[item.key] = counts.get(item.key, 0) + 1
         return counts
+
+    def interactive_waiting(self) -> set[Hashable]:
+        """The keys that interactive sentences wait for."""
+        return {item.key for item in self._items}
 
     def expired_jobs(self, now: float) -> list[tuple[Job, bool]]:
         """The distinct jobs with queued sentences whose deadline has passed (False) or which
         can no longer finish before it, their time left being shorter than a sentence's
         service time (True), oldest first."""
         found: dict[int, tuple[Job, bool]] = {}
-        for item in self._items:
+        for item in self:
             job = item.job
             if id(job) in found:
                 continue
@@ -213,7 +233,8 @@ class WaitingQueue:
         """Continuous batching: the queued sentences that join the running batches now, taken
         off the queue. Oldest first; for each key in `rooms`, until one does not fit. Later
         sentences of that key then wait too, so that a long sentence is never overtaken for
-        ever by shorter ones.
+        ever by shorter ones. Interactive sentences first, then background ones (which an
+        interactive sentence that does not fit holds back too).
 
         A batch whose room may `hold_for_encoding` takes none this turn if one of those it
         would take is still `encoding`: the loop then steps instead of waiting for the
@@ -222,7 +243,7 @@ class WaitingQueue:
         left = {key: (room.sentences, room.tokens, room.empty) for key, room in rooms.items()}
         blocked: set[Hashable] = set()
         held_back: set[Hashable] = set()
-        for item in self._items:
+        for item in self:
             key = item.key
             if key in blocked or key not in left:
                 continue
@@ -240,4 +261,5 @@ class WaitingQueue:
         if taken:
             chosen = {id(item) for item in taken}
             self._items = deque(item for item in self._items if id(item) not in chosen)
+            self._background = deque(item for item in self._background if id(item) not in chosen)
         return Joiners(taken, held_back)

@@ -185,8 +185,13 @@ class TranslationService:
         split: SplitMode = "sentences",
         alignment_weights: bool = True,
         terminology: Terminology | None = None,
+        background: bool = False,
     ) -> RequestResult:
-        """The texts translated. With options.alignment, each sentence's alignment: its
+        """The texts translated. `background`: a document's chunk, decoded in the room that
+        interactive requests leave (service/serving/queue.py), under the document deadline
+        (NMT_DOCUMENT_CHUNK_TIMEOUT_SECONDS) instead of the request's.
+
+        With options.alignment, each sentence's alignment: its
         weights (capped by NMT_MAX_ALIGNMENT_WEIGHTS, AlignmentTooLarge past it) unless
         `alignment_weights` is False, for callers that read only the word alignment. With a
         `terminology` (a glossary's entries), its terms found in a sentence are written in
@@ -195,11 +200,16 @@ class TranslationService:
         quota = self.settings.character_limit
         if quota and self.characters_translated + characters > quota:
             raise QuotaExceeded(self.characters_translated, quota)
-        timeout = self.settings.request_timeout_seconds
+        if background:
+            timeout = self.settings.document_chunk_timeout_seconds
+        else:
+            timeout = self.settings.request_timeout_seconds
         deadline = time.monotonic() + timeout
-        limit = self.settings.max_sentences_per_request
+        # A document's chunk is bounded by its worker (NMT_DOCUMENT_CHUNK_SENTENCES) and one
+        # paragraph at least: a paragraph of many sentences is still one chunk.
+        limit = self.settings.max_sentences_per_request if not background else 1 << 30
         prepared = await off_loop(characters, _prepare, model, texts, limit, split, terminology)
-        hypotheses = await self._run(model, prepared, options, deadline, client_gone)
+        hypotheses = await self._run(model, prepared, options, deadline, client_gone, background)
         weights = 0
         if options.alignment and alignment_weights:  # counted before any list is built
             weights = _alignment_weights(prepared, hypotheses)
@@ -227,6 +237,7 @@ class TranslationService:
         options: SearchOptions,
         deadline: float,
         client_gone: Callable[[], Awaitable[object]] | None,
+        background: bool,
     ) -> list[list[Hypothesis]]:
         sources, terms = prepared.sources, prepared.terms
         # Sentences with glossary terms bypass the cache (their translation is the terms')
@@ -251,7 +262,13 @@ class TranslationService:
                 if terms[firsts[group[0]]] and options.beam_size < 2:
                     wanted = replace(options, beam_size=max(TERM_BEAMS, options.n_best))
                 found = await self._decode(
-                    model, [firsts[k] for k in group], prepared, wanted, deadline, client_gone
+                    model,
+                    [firsts[k] for k in group],
+                    prepared,
+                    wanted,
+                    deadline,
+                    client_gone,
+                    background,
                 )
                 for k, hypotheses in zip(group, found, strict=True):
                     fresh[k] = hypotheses
@@ -272,6 +289,7 @@ class TranslationService:
         options: SearchOptions,
         deadline: float,
         client_gone: Callable[[], Awaitable[object]] | None,
+        background: bool = False,
     ) -> list[list[Hypothesis]]:
         """Sentences `which` of the request through the model's decoding loop."""
         owners = [prepared.owners[i] for i in which]
@@ -281,6 +299,7 @@ class TranslationService:
             options,
             deadline,
             terms=[prepared.terms[i] for i in which],
+            background=background,
         )
         watcher = asyncio.ensure_future(client_gone()) if client_gone is not None else None
         grace_over = asyncio.ensure_future(self.lifecycle.grace_over.wait())
@@ -305,7 +324,7 @@ class TranslationService:
             except SentenceFailed as failure:
                 raise TranslationFailed(owners[failure.index], failure.reason) from failure
             except DeadlineExceeded:  # the loop dropped it from the queue
-                raise DeadlineExceeded(self.settings.request_timeout_seconds) from None
+                raise DeadlineExceeded(round(job.timeout, 1)) from None
         if watcher is not None and watcher in done:
             decoding.cancel(job, "client_gone")
             raise ClientGone("the client disconnected")
@@ -317,7 +336,7 @@ class TranslationService:
                 f"{self.lifecycle.grace:g} s (NMT_SHUTDOWN_TIMEOUT_SECONDS): send it again"
             )
         decoding.cancel(job, "deadline")
-        raise DeadlineExceeded(self.settings.request_timeout_seconds)
+        raise DeadlineExceeded(round(job.timeout, 1))
 
 
 @dataclass

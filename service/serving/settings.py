@@ -199,6 +199,55 @@ class Settings(BaseSettings):
         "1024); past it, 400",
     )
 
+    # Documents (DeepL's /v2/document, LibreTranslate's /translate_file)
+    max_document_bytes: int = Field(
+        20_971_520, gt=0, description="bytes of one uploaded document; past it, 413"
+    )
+    max_document_characters: int = Field(
+        1_000_000, gt=0, description="characters of text to translate in one document; past it, 413"
+    )
+    max_document_uncompressed_bytes: int = Field(
+        209_715_200,
+        gt=0,
+        description="bytes a zipped document (docx, pptx, xlsx, odt, epub) may inflate to, all "
+        "members together; past it, 413 (a zip bomb)",
+    )
+    max_document_compression_ratio: int = Field(
+        100,
+        gt=0,
+        description="how many times a zip member over 1 MiB may inflate; past it, 413 (a zip bomb)",
+    )
+    document_workers: int = Field(
+        1,
+        ge=0,
+        description="documents this server translates at a time (0: it takes none, and only "
+        "answers uploads, status polls and downloads; other replicas translate)",
+    )
+    document_chunk_sentences: int = Field(
+        4,
+        gt=0,
+        description="sentences of a document queued at a time: each chunk is kept in the store "
+        "(a job taken over resumes after it), and interactive requests join the batch between",
+    )
+    document_chunk_timeout_seconds: float = Field(
+        600.0, gt=0, description="deadline of one chunk of a document; past it, the job fails"
+    )
+    document_lease_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="a worker holds a document for this long after each chunk; a job whose "
+        "worker died is taken over once its lease runs out",
+    )
+    document_poll_seconds: float = Field(
+        1.0, gt=0, description="how often an idle document worker looks for queued jobs"
+    )
+    document_result_ttl_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="how long a document job, its file and its result are kept after upload "
+        "(a result downloaded through DeepL's API is deleted at once)",
+    )
+
     # Continuous batching and the queue
     max_batch_size: int = Field(
         32, gt=0, description="sentences in one engine batch (or the running batch)"

@@ -1,4 +1,4 @@
-"""Durable state: what users create and the server must keep (glossaries; document jobs next).
+"""Durable state: what users create and the server must keep (glossaries, document jobs).
 
 SQLAlchemy over SQLite (the default, a file under NMT_STATE_DIR) or PostgreSQL (NMT_DATABASE_URL,
 for several replicas); the schema is Alembic's, migrated at start-up or by `nmt db upgrade`.
@@ -17,6 +17,14 @@ from service.store.database import (
     open_store,
     shown,
 )
+from service.store.documents import (
+    ClaimedDocument,
+    DocumentNotFound,
+    DocumentNotReady,
+    DocumentStatus,
+    DocumentStore,
+    NewDocument,
+)
 from service.store.glossaries import (
     Dictionary,
     DictionaryInfo,
@@ -29,15 +37,21 @@ from service.store.glossaries import (
 )
 
 __all__ = [
+    "ClaimedDocument",
     "Database",
     "Dictionary",
     "DictionaryInfo",
     "DictionaryNotFound",
+    "DocumentNotFound",
+    "DocumentNotReady",
+    "DocumentStatus",
+    "DocumentStore",
     "GlossaryInfo",
     "GlossaryNotFound",
     "GlossaryStore",
     "InvalidDictionary",
     "InvalidGlossary",
+    "NewDocument",
     "Store",
     "StoreError",
     "StoreUnavailable",

@@ -31,6 +31,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from service.serving.settings import Settings
+from service.store.documents import DocumentStore
 from service.store.glossaries import GlossaryStore
 
 log = logging.getLogger("nmt.store")
@@ -232,12 +233,13 @@ def check_schema(database: Database) -> str:
 
 
 class Store:
-    """What the server keeps: glossaries (later: document jobs). Synchronous: call it from a
+    """What the server keeps: glossaries and document jobs. Synchronous: call it from a
     worker thread, not the event loop."""
 
     def __init__(self, database: Database) -> None:
         self.database = database
         self.glossaries = GlossaryStore(database)
+        self.documents = DocumentStore(database)
 
     def close(self) -> None:
         self.database.close()

@@ -19,6 +19,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -106,4 +107,57 @@ glossary_entries = Table(
     Column("ordinal", Integer, primary_key=True),
     Column("source", Text, nullable=False),
     Column("target", Text, nullable=False),
+)
+
+
+# Document jobs (DeepL's /v2/document, LibreTranslate's /translate_file). The job row is what
+# status polls read; the files are rows of their own (read only by the worker and the download),
+# and the translated segments are kept a chunk at a time, so that a worker that takes over a
+# job whose worker died starts after the last chunk written.
+document_jobs = Table(
+    "document_jobs",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("key_hash", String(64), nullable=False),  # sha256 of the document key, never the key
+    Column("owner", String(128), nullable=False),
+    Column("status", String(16), nullable=False),  # queued, translating, done, downloaded, error
+    Column("filename", Text, nullable=False),  # of the translated file, as it is offered
+    Column("format", String(16), nullable=False),
+    Column("source_lang", String(35), nullable=False),
+    Column("target_lang", String(35), nullable=False),
+    Column("glossary_id", String(36), nullable=True),
+    Column("options", Text, nullable=False),  # JSON: the search options the upload asked for
+    Column("segments", Integer, nullable=False),
+    Column("segments_done", Integer, nullable=False),
+    Column("characters", Integer, nullable=False),
+    Column("seconds_remaining", Integer, nullable=True),
+    Column("error_message", Text, nullable=True),
+    Column("worker", String(64), nullable=True),  # who holds the lease
+    Column("lease_expires", UtcDateTime, nullable=True),
+    Column("attempts", Integer, nullable=False),  # claims so far: a file that kills workers stops
+    Column("created", UtcDateTime, nullable=False),
+    Column("finished", UtcDateTime, nullable=True),
+    Column("expires", UtcDateTime, nullable=False),
+    Index(None, "status", "created"),
+    Index(None, "expires"),
+)
+
+document_files = Table(
+    "document_files",
+    metadata,
+    Column(
+        "job_id", String(32), ForeignKey("document_jobs.id", ondelete="CASCADE"), primary_key=True
+    ),
+    Column("kind", String(8), primary_key=True),  # "input" or "output"
+    Column("data", LargeBinary, nullable=False),
+)
+
+document_chunks = Table(
+    "document_chunks",
+    metadata,
+    Column(
+        "job_id", String(32), ForeignKey("document_jobs.id", ondelete="CASCADE"), primary_key=True
+    ),
+    Column("first_segment", Integer, primary_key=True),
+    Column("translations", Text, nullable=False),  # JSON list of translated segments
 )

@@ -388,6 +388,7 @@ def test_ci_installs_the_tools_these_tests_skip_without() -> None:
         "prometheus",
         "docker-compose",
         "postgresql",
+        "libreoffice-writer-nogui",
     }
     assert re.search(r"^make loadtest\b", script, re.M)
     dev = (ROOT / "pyproject.toml").read_text()

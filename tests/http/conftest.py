@@ -9,6 +9,7 @@ import pytest
 from service.runtime.bundle import load_bundle
 from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
+from tests.store.conftest import postgres_server, postgres_url  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")

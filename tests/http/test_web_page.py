@@ -3,8 +3,10 @@ driven by Playwright, against a real `nmt serve` process.
 
 What a person does with it: read what the model is for, type French, translate, read the
 English, look at the heatmap and the alignment lines, hover words, use the keyboard, switch
-layers and heads (when the API returns them), meet an error, use it on a phone. The page's
-numbers are checked against the JSON the API sent, not against the page's own arithmetic.
+layers and heads (when the API returns them), meet an error, use it on a phone, translate a
+file (DeepL's document API) and download the result. The page's numbers are checked against
+the JSON the API sent, not against the page's own arithmetic; a translated file against what
+the text API answers for the same sentences.
 Screenshots go to reports/screenshots/ (a test artifact; docs/page.png is one of them).
 """
 
@@ -13,12 +15,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import ROOT
+from tests.documents.word import paragraphs_of, word_file
 from tests.servers import Server, running_server
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (dev extra)")
@@ -27,6 +31,11 @@ expect = playwright_api.expect
 SCREENSHOTS = ROOT / "reports" / "screenshots"
 MAX_CHARS = 300  # the server's NMT_MAX_CHARS_PER_TEXT here, to provoke a 422
 SENTENCE = "Un chien noir court dans la neige."
+FILE_SENTENCES = [
+    "Un homme lit un journal sur un banc.",
+    "Deux enfants jouent au ballon dans le parc.",
+]
+DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 
 
 def find_chromium() -> str | None:
@@ -57,8 +66,15 @@ def server(fr_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     folder = tmp_path_factory.mktemp("page-models")
     (folder / "fr-en").symlink_to(fr_en_bundle, target_is_directory=True)
     logs = tmp_path_factory.mktemp("page-logs")
+    state = tmp_path_factory.mktemp("page-state")  # the document jobs' database
     with running_server(
-        folder, logs, threads=1, max_chars_per_text=MAX_CHARS, cache_entries=0
+        folder,
+        logs,
+        threads=1,
+        max_chars_per_text=MAX_CHARS,
+        cache_entries=0,
+        state_dir=state,
+        document_poll_seconds=0.2,
     ) as server:
         yield server
 
@@ -286,3 +302,114 @@ def test_the_page_fits_a_phone_screen(browser, server: Server):
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
     screenshot(page, "page-phone.png")
     context.close()
+
+
+# --- files: DeepL's document API through the page -------------------------------------------
+
+
+def text_api(url: str, texts: list[str]) -> list[str]:
+    """What /v1/translate answers for `texts` (fr -> en, the server's default search)."""
+    answer = httpx.post(
+        f"{url}/v1/translate",
+        json={"text": texts, "source_lang": "fr", "target_lang": "en"},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    return [item["text"] for item in answer.json()["translations"]]
+
+
+def plain_text(paragraphs: list[str]) -> bytes:
+    return ("\n\n".join(paragraphs) + "\n").encode()
+
+
+def choose_file(page, name: str, data: bytes, mime: str) -> None:
+    page.set_input_files("#file", files=[{"name": name, "mimeType": mime, "buffer": data}])
+
+
+@pytest.mark.parametrize(
+    ("name", "mime", "make"),
+    [("notes.txt", "text/plain", plain_text), ("notes.docx", DOCX, word_file)],
+    ids=["txt", "docx"],
+)
+def test_a_file_is_translated_and_downloaded(
+    page,
+    server: Server,
+    tmp_path: Path,
+    name: str,
+    mime: str,
+    make: Callable[[list[str]], bytes],
+):
+    """Upload through the file input, progress and seconds remaining while it translates, then
+    a download link (a blob: URL, which the page's CSP lets an <a download> open) to the file
+    whose text is what the text API gives for the same sentences."""
+    uploads: list[dict] = []
+    page.on(
+        "request",
+        lambda r: uploads.append(r) if r.url.endswith("/v2/document") else None,
+    )
+    # The first status polls answer "translating" from here, as a long document would, so that
+    # the page's progress can be read; then the server's own answers go through.
+    held = {"on": True}
+
+    def status(route) -> None:
+        if held["on"]:
+            translating = {"status": "translating", "seconds_remaining": 7, "progress": 0.5}
+            route.fulfill(json={"document_id": "x", **translating})
+        else:
+            route.fallback()
+
+    page.route("**/v2/document/*", status)  # the status poll (not /result: * stops at /)
+    choose_file(page, name, make(FILE_SENTENCES), mime)
+    page.click("#file-go")
+    expect(page.locator("#file-status")).to_have_text(f"Translating {name}: 50 %, about 7 s left.")
+    expect(page.locator("#file-progress")).to_have_attribute("value", "0.5")
+    expect(page.locator("#file-go")).to_be_disabled()
+    held["on"] = False
+
+    link = page.locator("#file-download")
+    expect(link).to_be_visible(timeout=120_000)
+    assert link.get_attribute("href").startswith("blob:" + server.url)
+    expect(page.locator("#file-status")).to_have_text(f"{name} is translated (fr → en).")
+    expect(page.locator("#file-progress")).to_have_attribute("value", "1")
+    expect(page.locator("#error")).to_be_empty()
+    # What the page sent: DeepL's fields, the file under its own name.
+    (upload,) = uploads
+    form = upload.post_data_buffer
+    for field, value in (("source_lang", b"FR"), ("target_lang", b"EN-US")):
+        assert f'name="{field}"'.encode() + b"\r\n\r\n" + value in form
+    assert f'name="file"; filename="{name}"'.encode() in form
+    screenshot(page, f"page-file-{name.rsplit('.', 1)[1]}.png")
+
+    with page.expect_download() as started:
+        link.click()
+    download = started.value
+    assert download.suggested_filename == link.get_attribute("download")
+    assert download.suggested_filename.endswith(name.rsplit(".", 1)[1])
+    target = tmp_path / download.suggested_filename
+    download.save_as(target)
+    translations = text_api(server.url, FILE_SENTENCES)
+    if name.endswith(".txt"):
+        assert target.read_bytes() == plain_text(translations)
+    else:
+        assert paragraphs_of(target.read_bytes()) == translations
+
+
+def test_a_file_the_server_refuses_shows_its_message(page):
+    page.click("#file-go")  # no file chosen yet
+    expect(page.locator("#error")).to_have_text("Choose a file to translate first.")
+
+    picture = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4  # a PNG, named as a Word file
+    choose_file(page, "x.docx", picture, DOCX)
+    with page.expect_response("**/v2/document") as answer:
+        page.click("#file-go")
+    assert answer.value.status == 400
+    message = answer.value.json()["message"]
+    assert "not in a format" in message
+    shown = f"The file could not be translated. {message[0].upper()}{message[1:]}"
+    expect(page.locator("#error")).to_have_text(shown)
+    expect(page.locator("#file-status")).to_have_text(
+        "The file was not translated: see the message above."
+    )
+    expect(page.locator("#file-result")).to_be_hidden()
+    expect(page.locator("#file-go")).to_be_enabled()
+    screenshot(page, "page-file-error.png")

@@ -175,8 +175,15 @@ class Harness:
         self.together.append([batch.beams for batch in batches])
         return [batch.step() for batch in batches]  # (each logs its step in self.steps)
 
-    def submit(self, name: str, sources: list[list[int]], options=GREEDY, timeout=FAR) -> Job:
-        job = self.loop.submit(sources, options, self.clock.now + timeout)
+    def submit(
+        self,
+        name: str,
+        sources: list[list[int]],
+        options=GREEDY,
+        timeout=FAR,
+        background: bool = False,
+    ) -> Job:
+        job = self.loop.submit(sources, options, self.clock.now + timeout, background=background)
         job.name = name
         return job
 
@@ -295,6 +302,21 @@ def test_waiting_sentences_join_together_when_enough_wait_or_enough_steps_passed
         h.submit("c", [sentence(n, steps=20) for n in range(6, 9)])  # 3 waiting >= 0.5 x 5
         await h.turns(1)
         assert {"c/0", "c/1", "c/2"} <= set(h.steps[-1][1])
+
+    run(test)
+
+
+def test_a_request_joins_a_batch_of_document_sentences_at_once_not_when_a_join_pays():
+    async def test():
+        h = Harness(join_ratio=0.5, join_max_steps=10)
+        h.submit("doc", [sentence(n, steps=20) for n in range(1, 9)], background=True)
+        await h.turns(1)  # 8 document sentences run
+        h.submit("late-doc", [sentence(9, steps=20)], background=True)
+        await h.turns(2)
+        assert "late-doc/0" not in h.steps[-1][1]  # background work waits for a join that pays
+        h.submit("person", [sentence(10, steps=20)])  # 1 waiting < 0.5 x 8, yet it joins now
+        await h.turns(1)
+        assert "person/0" in h.steps[-1][1]
 
     run(test)
 

@@ -152,3 +152,44 @@ def test_a_running_batch_may_hold_its_join_back_for_a_sentence_still_being_encod
     found = queue.take_joiners({1: Room(4, 100, empty=False, hold_for_encoding=False)})
     assert [(item.job, item.index) for item in found.taken] == [(greedy, 0), (greedy, 1)]
     assert found.held_back == set() and len(queue) == 0
+
+
+# Background work (a document's chunks).
+
+
+def background(queue: WaitingQueue, sources: list[list[int]], now: float = 0.0) -> Job:
+    job = Job(sources, GREEDY, FAR, LOOP, now, background=True)
+    queue.add(job, now, [len(s) for s in sources])
+    return job
+
+
+def test_interactive_sentences_join_before_background_ones_queued_earlier():
+    queue = new_queue()
+    document = background(queue, [sentence(n) for n in range(4)])
+    request = queued(queue, [sentence(9)], now=1.0)
+    joined = taken(queue, {GREEDY.beam_size: Room(sentences=2, tokens=100, empty=False)})
+    assert joined == [(request, 0), (document, 0)]  # the request first, then what room is left
+
+
+def test_background_work_never_counts_against_an_interactive_jobs_admission():
+    queue = new_queue(max_queued=2)
+    background(queue, [sentence(n) for n in range(50)])
+    queued(queue, [sentence(1), sentence(2)])  # the queue's 2 places are the interactive ones
+    with pytest.raises(QueueFull):
+        queued(queue, [sentence(3)])
+    assert len(queue) == 52
+
+
+def test_an_interactive_sentence_that_does_not_fit_holds_background_ones_back_too():
+    queue = new_queue()
+    queued(queue, [sentence(1, length=50)])
+    background(queue, [sentence(2)])
+    assert taken(queue, {GREEDY.beam_size: Room(sentences=4, tokens=10, empty=False)}) == []
+
+
+def test_removing_a_background_job_leaves_the_interactive_ones():
+    queue = new_queue()
+    document = background(queue, [sentence(1), sentence(2)])
+    request = queued(queue, [sentence(3)])
+    assert queue.remove(document) == 2
+    assert [item.job for item in queue] == [request]

@@ -39,10 +39,12 @@ async def translate(
     options: SearchOptions,
     client_gone: Callable[[], Awaitable[object]] | None = None,
     terminology: Terminology | None = None,
+    background: bool = False,
 ) -> MarkupResult:
     """Every sentence of every document in one pipeline request, with alignment on; then each
     run written with its tags placed. Long documents are walked and written on a worker
-    thread (off_loop), as they were read."""
+    thread (off_loop), as they were read. `background`: a document file's chunk (see
+    TranslationService.translate)."""
     size = sum(document.chars for document in documents)
     sources, owners = await off_loop(size, model_sentences, documents, executor=MARKUP_THREAD)
     if not sources:  # nothing but markup, numbers and symbols: the documents as they came
@@ -50,7 +52,7 @@ async def translate(
         return MarkupResult(texts, 0, 0, 0)
     options = replace(options, alignment=True, n_best=1)
     result = await _translate_sentences(
-        service, model, sources, owners, options, client_gone, terminology
+        service, model, sources, owners, options, client_gone, terminology, background
     )
     found = from_pipeline(result)
     texts = await off_loop(size, write, documents, found, executor=MARKUP_THREAD)
@@ -109,6 +111,7 @@ async def _translate_sentences(
     options: SearchOptions,
     client_gone: Callable[[], Awaitable[object]] | None,
     terminology: Terminology | None = None,
+    background: bool = False,
 ) -> RequestResult:
     """The pipeline sees one text per sentence; its errors name the client's text instead,
     rebuilt from their fields (`owners` maps the pipeline's text to the client's). Only the
@@ -123,6 +126,7 @@ async def _translate_sentences(
             split="none",
             alignment_weights=False,
             terminology=terminology,
+            background=background,
         )
     except SentenceTooLong as error:  # the pipeline's "sentence 1" is not the client's
         owner = owners[error.text_index]

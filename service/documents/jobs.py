@@ -1,0 +1,310 @@
+"""Document jobs: an upload stored as a job, translated by a worker a chunk at a time, its
+status and result read back, from the store, by whichever replica a client reaches.
+
+One worker per NMT_DOCUMENT_WORKERS runs on the server's event loop. It claims the oldest job
+(service/store/documents.py: a lease), reads the file again, and queues its sentences a chunk
+at a time (NMT_DOCUMENT_CHUNK_SENTENCES) as background work: the decoding loop takes them only
+into the room interactive requests leave (service/serving/queue.py). Each chunk's translations
+are kept in the store as it finishes, with the lease renewed; a worker that takes over a job
+whose worker died starts after the last chunk kept. When all are done the file is written and
+stored; a file that cannot be translated ends the job in `error` with the reason.
+
+Everything CPU-bound (reading and writing files, the markup layout) runs on worker threads,
+every store call too: the event loop only waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+from service.documents import markup
+from service.documents.files import Upload, limits_of, read_upload, reopen
+from service.documents.formats import DocumentRefused, format_named
+from service.runtime.search import SearchOptions
+from service.serving.errors import ServiceError
+from service.serving.requests import TranslationService
+from service.serving.settings import Settings
+from service.serving.terminology import Terminology
+from service.store import ClaimedDocument, DocumentStatus, NewDocument, Store
+from service.store.glossaries import DictionaryNotFound, GlossaryNotFound
+
+log = logging.getLogger("nmt.documents")
+
+# How often an idle worker deletes expired jobs (every this many polls).
+EXPIRE_EVERY_POLLS = 60
+# Characters per second assumed before any chunk was measured (for seconds_remaining).
+FIRST_GUESS_CHARS_PER_SECOND = 200.0
+
+
+@dataclass(frozen=True)
+class DocumentRequest:
+    """What an upload asks for, once its dialect has read and checked the fields."""
+
+    filename: str | None
+    source_lang: str | None  # None: detected from the file's text
+    target_lang: str
+    glossary_id: str | None
+    output_format: str | None
+    owner: str
+    options: SearchOptions
+
+
+@dataclass(frozen=True)
+class Submitted:
+    document_id: str
+    document_key: str
+    upload: Upload
+    source_lang: str
+
+
+class Throughput:
+    """Characters translated per second by this server's document workers, measured on
+    chunks (an exponentially weighted mean, so that it follows load), for seconds_remaining."""
+
+    def __init__(self, weight: float = 0.3) -> None:
+        self.weight = weight
+        self.chars_per_second: float | None = None
+
+    def observe(self, characters: int, seconds: float) -> None:
+        if characters <= 0 or seconds <= 0:
+            return
+        rate = characters / seconds
+        old = self.chars_per_second
+        self.chars_per_second = rate if old is None else old + self.weight * (rate - old)
+
+    def seconds_for(self, characters: int) -> int:
+        rate = self.chars_per_second or FIRST_GUESS_CHARS_PER_SECOND
+        return max(1, round(characters / rate)) if characters > 0 else 0
+
+
+class DocumentJobs:
+    """Uploads, status, results, and this server's workers."""
+
+    def __init__(self, settings: Settings, service: TranslationService, store: Store) -> None:
+        # Workers claim jobs only while the server is ready: a job claimed while models load
+        # would fail for want of a model.
+        self.settings = settings
+        self.service = service
+        self.store = store
+        self.limits = limits_of(settings)
+        self.throughput = Throughput()
+        self.worker_id = f"{uuid.uuid4().hex[:12]}"
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = asyncio.Event()
+        self._held: set[str] = set()  # jobs this server's workers hold now
+
+    # --- the client's side -------------------------------------------------------------
+
+    async def submit(self, data: bytes, request: DocumentRequest) -> Submitted:
+        """Read and check the file (refused at once with DocumentRefused), find its source
+        language if none was given, and store it as a queued job."""
+        upload = await asyncio.to_thread(
+            read_upload, data, request.filename, request.output_format, self.limits
+        )
+        source = request.source_lang
+        if source is None:
+            detected = await self.service.detect_source([upload.sample], request.target_lang)
+            source = detected.language
+        self.service.model_for(source, request.target_lang)  # UnknownPair, NotReady: at once
+        document = NewDocument(
+            owner=request.owner,
+            filename=upload.filename,
+            format=upload.format.name,
+            source_lang=source,
+            target_lang=request.target_lang,
+            glossary_id=request.glossary_id,
+            options=asdict(request.options),
+            segments=upload.segments,
+            characters=upload.characters,
+            data=data,
+        )
+        document_id, key = await asyncio.to_thread(
+            self.store.documents.create, document, self.settings.document_result_ttl_seconds
+        )
+        log.info(
+            "document queued",
+            extra={
+                "document_id": document_id,
+                "format": upload.format.name,
+                "segments": upload.segments,
+                "characters": upload.characters,
+            },
+        )
+        return Submitted(document_id, key, upload, source)
+
+    async def status(self, document_id: str, key: str) -> DocumentStatus:
+        return await asyncio.to_thread(self.store.documents.status, document_id, key)
+
+    async def result(self, document_id: str, key: str, once: bool) -> tuple[str, bytes]:
+        return await asyncio.to_thread(self.store.documents.result, document_id, key, once)
+
+    async def wait(self, document_id: str, key: str, timeout: float) -> DocumentStatus:
+        """Poll until the job is done or failed (LibreTranslate's /translate_file answers when
+        the file is translated); the last status when `timeout` runs out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = await self.status(document_id, key)
+            if status.status in ("done", "downloaded", "error") or time.monotonic() > deadline:
+                return status
+            await asyncio.sleep(min(0.2, self.settings.document_poll_seconds))
+
+    # --- the workers ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        for number in range(self.settings.document_workers):
+            self._tasks.append(asyncio.create_task(self._work(f"{self.worker_id}-{number}")))
+
+    async def stop(self) -> None:
+        """Stop the workers; the jobs they held go back to the queue for whoever comes next."""
+        self._stopping.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    async def _work(self, worker: str) -> None:
+        polls = 0
+        while not self._stopping.is_set():
+            if not self.service.lifecycle.ready:
+                await self._pause()
+                continue
+            try:
+                if polls % EXPIRE_EVERY_POLLS == 0:
+                    await asyncio.to_thread(self.store.documents.expire)
+                polls += 1
+                job = await asyncio.to_thread(
+                    self.store.documents.claim, worker, self.settings.document_lease_seconds
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the database is away: try again at the next poll
+                log.exception("document worker could not reach the store")
+                job = None
+            if job is None:
+                await self._pause()
+                continue
+            await self._translate_held(worker, job)
+
+    async def _pause(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), self.settings.document_poll_seconds)
+
+    async def _translate_held(self, worker: str, job: ClaimedDocument) -> None:
+        self._held.add(job.document_id)
+        try:
+            await self._translate(worker, job)
+        except asyncio.CancelledError:  # the server stops: someone else takes it from here
+            with contextlib.suppress(Exception):
+                await asyncio.shield(
+                    asyncio.to_thread(self.store.documents.release, job.document_id, worker)
+                )
+            raise
+        except (DocumentRefused, ServiceError) as error:
+            reason = getattr(error, "reason", None) or str(error)
+            await self._fail(worker, job, reason)
+        except Exception:
+            log.exception("document translation failed", extra={"document_id": job.document_id})
+            await self._fail(worker, job, "the server failed to translate this document")
+        finally:
+            self._held.discard(job.document_id)
+
+    async def _fail(self, worker: str, job: ClaimedDocument, reason: str) -> None:
+        log.info("document failed", extra={"document_id": job.document_id, "reason": reason})
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.store.documents.fail, job.document_id, worker, reason)
+        self._observe(job, "error")
+
+    def _observe(self, job: ClaimedDocument, outcome: str) -> None:
+        if self.service.metrics is not None:
+            self.service.metrics.observe_document(job.format, outcome, job.characters)
+
+    async def _translate(self, worker: str, job: ClaimedDocument) -> None:
+        extracted = await asyncio.to_thread(reopen, job.format, job.data, self.limits)
+        layout = format_named(job.format).markup
+        documents = await asyncio.to_thread(markup.read, extracted.segments, layout)
+        model = self.service.model_for(job.source_lang, job.target_lang)
+        terminology = await self._terminology(job)
+        options = replace(SearchOptions(**job.options), alignment=True, n_best=1)
+        done = list(job.done)
+        if done:
+            log.info(
+                "document taken over",
+                extra={"document_id": job.document_id, "resumed_at": len(done)},
+            )
+        sizes = [len(document.plain_text) for document in documents]
+        lease = self.settings.document_lease_seconds
+        for first, last in _chunks(documents, len(done), self.settings.document_chunk_sentences):
+            started = time.monotonic()
+            result = await markup.translate(
+                self.service,
+                model,
+                documents[first:last],
+                options,
+                terminology=terminology,
+                background=True,
+            )
+            characters = sum(sizes[first:last])
+            self.throughput.observe(characters, time.monotonic() - started)
+            remaining = self.throughput.seconds_for(sum(sizes[last:]))
+            kept = await asyncio.to_thread(
+                self.store.documents.save_chunk,
+                job.document_id,
+                worker,
+                first,
+                result.texts,
+                remaining,
+                lease,
+            )
+            if not kept:  # the lease ran out and another worker took the job, or it expired
+                log.info("document lost to another worker", extra={"document_id": job.document_id})
+                return
+            done += result.texts
+        if hasattr(extracted, "target_language"):
+            extracted.target_language = job.target_lang  # XLIFF, HTML, epub name it
+        data = await asyncio.to_thread(extracted.write, done)
+        if await asyncio.to_thread(self.store.documents.finish, job.document_id, worker, data):
+            self._observe(job, "done")
+        log.info("document done", extra={"document_id": job.document_id, "bytes": len(data)})
+
+    async def _terminology(self, job: ClaimedDocument) -> Terminology | None:
+        if not job.glossary_id:
+            return None
+        try:
+            dictionary = await asyncio.to_thread(
+                self.store.glossaries.dictionary,
+                job.owner,
+                job.glossary_id,
+                job.source_lang,
+                job.target_lang,
+            )
+        except (GlossaryNotFound, DictionaryNotFound):
+            raise DocumentRefused(
+                f"glossary {job.glossary_id} was deleted, or has no dictionary for "
+                f"{job.source_lang}->{job.target_lang}"
+            ) from None
+        return await asyncio.to_thread(Terminology, dictionary.entries)
+
+
+def _chunks(
+    documents: Sequence[markup.Document], start: int, sentences: int
+) -> list[tuple[int, int]]:
+    """[first, last) segment ranges from `start` on, each holding about `sentences` model
+    sentences (a segment is never cut; one with more is a chunk of its own)."""
+    ranges: list[tuple[int, int]] = []
+    first, count = start, 0
+    for index in range(start, len(documents)):
+        count += len(documents[index].model_sentences)
+        if count >= sentences:
+            ranges.append((first, index + 1))
+            first, count = index + 1, 0
+    if first < len(documents):
+        ranges.append((first, len(documents)))
+    return ranges
