@@ -97,7 +97,6 @@ class DocumentJobs:
         self.worker_id = f"{uuid.uuid4().hex[:12]}"
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
-        self._held: set[str] = set()  # jobs this server's workers hold now
 
     # --- the client's side -------------------------------------------------------------
 
@@ -198,7 +197,6 @@ class DocumentJobs:
             await asyncio.wait_for(self._stopping.wait(), self.settings.document_poll_seconds)
 
     async def _translate_held(self, worker: str, job: ClaimedDocument) -> None:
-        self._held.add(job.document_id)
         try:
             await self._translate(worker, job)
         except asyncio.CancelledError:  # the server stops: someone else takes it from here
@@ -213,8 +211,6 @@ class DocumentJobs:
         except Exception:
             log.exception("document translation failed", extra={"document_id": job.document_id})
             await self._fail(worker, job, "the server failed to translate this document")
-        finally:
-            self._held.discard(job.document_id)
 
     async def _fail(self, worker: str, job: ClaimedDocument, reason: str) -> None:
         log.info("document failed", extra={"document_id": job.document_id, "reason": reason})
@@ -267,8 +263,7 @@ class DocumentJobs:
                 log.info("document lost to another worker", extra={"document_id": job.document_id})
                 return
             done += result.texts
-        if hasattr(extracted, "target_language"):
-            extracted.target_language = job.target_lang  # XLIFF, HTML, epub name it
+        extracted.target_language = job.target_lang
         data = await asyncio.to_thread(extracted.write, done)
         if await asyncio.to_thread(self.store.documents.finish, job.document_id, worker, data):
             self._observe(job, "done")

@@ -31,7 +31,7 @@ from service.http.dependencies import ApiKeysDep, ServiceDep, StoreDep
 from service.http.dialect import Decoding, Dialect, search_options
 from service.http.glossary_lookup import owner_of, terminology_of
 from service.http.multipart import MultipartError, parse_multipart
-from service.serving.requests import TranslationService
+from service.serving.requests import TranslationService, off_loop
 from service.serving.settings import Settings
 from service.store import DocumentNotFound, DocumentNotReady
 
@@ -54,8 +54,9 @@ async def _read_upload_fields(request: Request) -> dict[str, Any]:
     """The multipart form, in memory (service/http/multipart.py): its fields, and its file as
     `file` (a tuple: name, bytes)."""
     body = await request.body()
-    try:
-        form = parse_multipart(request.headers.get("content-type", ""), body)
+    content_type = request.headers.get("content-type", "")
+    try:  # a document's body is megabytes: parsed on a worker thread, not the event loop
+        form = await off_loop(len(body), parse_multipart, content_type, body)
     except MultipartError as error:
         raise _error_class(request)(400, str(error)) from None
     fields: dict[str, Any] = dict(request.query_params)

@@ -63,10 +63,10 @@ def test_a_wrong_key_reads_as_no_job(store: Store):
 
 def test_a_job_whose_lease_ran_out_is_taken_over_and_resumes_after_its_last_chunk(store: Store):
     document_id, key = upload(store)
-    assert store.documents.claim("dead", lease_seconds=0.2) is not None
-    assert store.documents.save_chunk(document_id, "dead", 0, ["A", "B"], None, 0.2)
+    assert store.documents.claim("dead", lease_seconds=2) is not None
+    assert store.documents.save_chunk(document_id, "dead", 0, ["A", "B"], None, 2)
     assert store.documents.claim("alive", lease_seconds=30) is None  # the lease still holds
-    time.sleep(0.3)
+    time.sleep(2.2)
     job = store.documents.claim("alive", lease_seconds=30)
     assert job is not None and job.done == ["A", "B"]
     # The worker that lost the job can no longer write to it.

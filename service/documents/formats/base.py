@@ -47,6 +47,9 @@ class Extracted(ABC):
     """A file read: its segments, and how to write the file back with their translations."""
 
     segments: list[str]  # inline XML markup (see base docstring), in document order
+    # Set by the caller before write(): the formats that name their language (XLIFF, HTML,
+    # epub) write it; None leaves it as it was.
+    target_language: str | None = None
 
     @abstractmethod
     def write(self, translations: list[str]) -> bytes:
