@@ -290,6 +290,68 @@ def _add_marian(subparsers: argparse._SubParsersAction) -> None:
     export_marian.add_argument("--out", type=Path, required=True, help="HF directory to write")
 
 
+def _add_models(subparsers: argparse._SubParsersAction) -> None:
+    models = subparsers.add_parser(
+        "models",
+        help="list, load and unload a running server's models (through its API)",
+        description="Model control of a running `nmt serve`: what /v1/models and "
+        "/v1/models/{name}/load|unload|ready answer, as JSON on stdout. Exits 1 when the "
+        "server refuses (the reason on stderr).",
+    )
+    models.add_argument(
+        "--url", default="http://127.0.0.1:8000", help="the server (default: %(default)s)"
+    )
+    models.add_argument(
+        "--key", help="admin key for load/unload, API key for list (default: $NMT_KEY)"
+    )
+    actions = models.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", help="every model, its serving version and each version's state")
+    load = actions.add_parser("load", help="load a model again from the repository")
+    load.add_argument("name")
+    load.add_argument("--version", type=int, help="this version only (a rollback: an older one)")
+    unload = actions.add_parser("unload", help="stop serving a model")
+    unload.add_argument("name")
+    ready = actions.add_parser("ready", help="whether a version of the model serves")
+    ready.add_argument("name")
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    import contextlib
+    import os
+    import urllib.error
+    import urllib.request
+
+    if args.action == "list":
+        method, path, body = "GET", "/v1/models", None
+    elif args.action == "ready":
+        method, path, body = "GET", f"/v1/models/{args.name}/ready", None
+    else:
+        payload = {"version": args.version} if getattr(args, "version", None) is not None else {}
+        method, path, body = "POST", f"/v1/models/{args.name}/{args.action}", payload
+    request = urllib.request.Request(
+        args.url.rstrip("/") + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    key = args.key or os.environ.get("NMT_KEY")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=600) as answer:  # a load may take a while
+            print(json.dumps(json.loads(answer.read()), indent=2))
+            return 0
+    except urllib.error.HTTPError as refused:
+        text = refused.read().decode(errors="replace")
+        with contextlib.suppress(ValueError, AttributeError):  # not JSON: shown as it came
+            text = json.dumps(json.loads(text).get("detail", text))
+        print(f"nmt models {args.action}: {refused.code} {text}", file=sys.stderr)
+        return 1
+    except urllib.error.URLError as unreachable:
+        print(f"nmt models: cannot reach {args.url}: {unreachable.reason}", file=sys.stderr)
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nmt", description="nmt-serve: neural machine translation"
@@ -337,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--hyp", type=Path, help="translations to score instead")
     evaluate.add_argument("--ref", type=Path, required=True, help="reference translations")
     _add_serve(subparsers)
+    _add_models(subparsers)
     _add_db(subparsers)
     _add_marian(subparsers)
     return parser
@@ -349,6 +412,7 @@ COMMANDS = {
     "translate": _cmd_translate,
     "eval": _cmd_eval,
     "serve": _cmd_serve,
+    "models": _cmd_models,
     "db": _cmd_db,
     "import-marian": _cmd_import_marian,
     "export-marian": _cmd_export_marian,

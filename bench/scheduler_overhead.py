@@ -33,6 +33,7 @@ from service.runtime.running_batch import running_batch
 from service.runtime.search import SearchOptions
 from service.serving.loop import DecodingBatch, DecodingLoop
 from service.serving.metrics import Metrics
+from service.serving.observer import ModelLabels
 from service.serving.registry import LoadedModel, ModelRegistry
 from service.serving.settings import Settings
 
@@ -50,7 +51,7 @@ class StepTimes:
 
     def observe_step(
         self,
-        model: str,
+        model: ModelLabels,
         sentences: int,
         rows: int,
         reserved_tokens: int,
@@ -91,7 +92,7 @@ async def turn_overheads(
         return running_batch(engine, beams)
 
     steps = StepTimes(metrics)
-    loop = DecodingLoop(model.name, new_batch, model.loop.limits, steps, encode_ahead=False)
+    loop = DecodingLoop(model.labels, new_batch, model.loop.limits, steps, encode_ahead=False)
     options = SearchOptions(beam_size=beam)
     overheads: list[float] = []
     for source in sources:

@@ -110,6 +110,11 @@ SAMPLES: dict[type, errors.ServiceError] = {
     errors.ShuttingDown: errors.ShuttingDown("shutting down"),
     errors.UnknownPair: errors.UnknownPair("fr", "xx", ["fr-en"]),
     errors.GlossaryUnknown: errors.GlossaryUnknown("Glossary not found."),
+    errors.ModelUnknown: errors.ModelUnknown("de-en", ["fr-en"]),
+    errors.ModelVersionUnknown: errors.ModelVersionUnknown("fr-en", 7, [1, 2]),
+    errors.ModelLoadFailed: errors.ModelLoadFailed("fr-en", {3: "checksum"}, "version 2"),
+    errors.ModelUnavailable: errors.ModelUnavailable("fr-en"),
+    errors.AdminKeyRequired: errors.AdminKeyRequired("set NMT_ADMIN_KEYS"),
     errors.InvalidInput: errors.InvalidInput(
         "invalid_unicode", "holds a lone surrogate", text_index=0
     ),

@@ -24,34 +24,44 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from service.documents.jobs import DocumentJobs
-from service.http import deepl, glossaries, libretranslate, routes
+from service.http import deepl, glossaries, libretranslate, model_control, routes
 from service.http import documents as documents_api
-from service.http.dependencies import require_api_key, require_api_key_for_metrics
+from service.http.dependencies import (
+    require_admin_key,
+    require_api_key,
+    require_api_key_for_metrics,
+)
 from service.http.dialect import Dialect
-from service.http.middleware import RequestContextMiddleware
+from service.http.middleware import QUIET_ROUTES, RequestContextMiddleware
 from service.http.pages import add_pages
 from service.serving.access import ApiKeys
 from service.serving.cache import TranslationCache
 from service.serving.errors import ServiceError
 from service.serving.lifecycle import Lifecycle
 from service.serving.metrics import Metrics, package_version
-from service.serving.registry import ModelRegistry
+from service.serving.registry import ModelRegistry, RepositoryWatch
 from service.serving.requests import TranslationService
 from service.serving.settings import Settings
+from service.serving.tracing import Tracing
 from service.store import Store, StoreError, database_url, open_store, shown
 
 log = logging.getLogger("nmt.app")
 
 
 def create_app(
-    settings: Settings | None = None, on_load_failed: Callable[[str], None] | None = None
+    settings: Settings | None = None,
+    on_load_failed: Callable[[str], None] | None = None,
+    tracing: Tracing | None = None,
 ) -> FastAPI:
+    """`tracing`: where spans go (tests pass their own); default: NMT_OTLP_ENDPOINT's, or off.
+    The app shuts it down when it stops."""
     settings = settings or Settings()
+    tracing = tracing if tracing is not None else Tracing.from_settings(settings)
     metrics = Metrics()
     lifecycle = Lifecycle(on_failed=on_load_failed, grace=settings.shutdown_timeout_seconds)
     registry = ModelRegistry(settings, metrics)
     cache = TranslationCache(settings.cache_entries, settings.cache_bytes, metrics)
-    service = TranslationService(settings, registry, lifecycle, cache, metrics)
+    service = TranslationService(settings, registry, lifecycle, cache, metrics, tracing)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,16 +75,22 @@ def create_app(
         documents = DocumentJobs(settings, service, store)
         app.state.documents = documents
         documents.start()  # its workers wait for the models to be ready
+        watch = None
+        if settings.model_poll_seconds:
+            watch = RepositoryWatch(registry, settings.model_poll_seconds)
         loader = threading.Thread(
-            target=_load_models, args=(service, lifecycle), name="nmt-load", daemon=True
+            target=_load_models, args=(service, lifecycle, watch), name="nmt-load", daemon=True
         )
         loader.start()
         yield
         lifecycle.start_draining()
         await documents.stop()  # the jobs they held go back to the queue, chunks kept
         await asyncio.to_thread(loader.join, settings.shutdown_timeout_seconds)
+        if watch is not None:
+            await asyncio.to_thread(watch.stop)
         await asyncio.to_thread(registry.close, settings.shutdown_timeout_seconds)
         await asyncio.to_thread(store.close)  # after the last request that could use it
+        await asyncio.to_thread(tracing.shutdown)  # the spans still buffered are sent
         if lifecycle.abandoned:
             log.warning(
                 "stopped: %d admitted requests were still running at "
@@ -96,8 +112,10 @@ def create_app(
     )
     app.state.settings, app.state.metrics, app.state.service = settings, metrics, service
     app.state.api_keys = ApiKeys(settings.api_key_list)
+    app.state.admin_keys = ApiKeys(settings.admin_key_list)
     add_pages(app, docs=settings.docs)
     app.include_router(routes.build_router(settings))
+    app.include_router(model_control.build_router())
     app.include_router(libretranslate.build_router(settings))
     app.include_router(deepl.build_router(settings))
     app.include_router(glossaries.build_router(settings))
@@ -143,7 +161,23 @@ def create_app(
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
+    if tracing.provider is not None:
+        _instrument(app, tracing)
     return app
+
+
+def _instrument(app: FastAPI, tracing: Tracing) -> None:
+    """A span per request (OpenTelemetry's FastAPI instrumentation, imported only when tracing
+    is on), the parent of the service's spans (service/serving/tracing.py). Probes and scrapes
+    are left out, and so are the ASGI messages' own spans (one per body chunk)."""
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.instrument_app(
+        app,
+        tracer_provider=tracing.provider,
+        excluded_urls=",".join(sorted(QUIET_ROUTES)),
+        exclude_spans=["receive", "send"],
+    )
 
 
 # The dialects other than the native one, which answers every path they do not claim.
@@ -183,7 +217,9 @@ def _shown_database(settings: Settings) -> str:
         return "(NMT_DATABASE_URL, not a URL)"
 
 
-def _load_models(service: TranslationService, lifecycle: Lifecycle) -> None:
+def _load_models(
+    service: TranslationService, lifecycle: Lifecycle, watch: RepositoryWatch | None
+) -> None:
     registry = service.registry
     try:
         registry.load_all()
@@ -194,6 +230,8 @@ def _load_models(service: TranslationService, lifecycle: Lifecycle) -> None:
         return
     lifecycle.mark_ready()
     log.info("ready", extra={"models": registry.pairs})
+    if watch is not None:
+        watch.start()
 
 
 async def _service_error(request: Request, error: Exception) -> JSONResponse:
@@ -266,7 +304,7 @@ def _matches(template: list[str], segments: list[str]) -> bool:
 
 
 # The route dependencies that check an API key.
-KEY_CHECKS = (require_api_key, require_api_key_for_metrics)
+KEY_CHECKS = (require_api_key, require_api_key_for_metrics, require_admin_key)
 
 
 async def _unreadable_body(request: Request, message: str) -> JSONResponse:

@@ -198,7 +198,7 @@ async def _translate(
     plain = [d.plain_text for d in documents] if documents is not None else texts
     source = await _source_language(service, fields.get("source_lang"), plain, target)
     model = service.model_for(source, target, admitted_at(request))
-    request.state.model = model.name
+    request.state.model = model.labels
     options = search_options(Decoding(), settings, model)
     terminology = None
     if glossary_id := fields.get("glossary_id"):
@@ -207,7 +207,7 @@ async def _translate(
                 400, "Use of a glossary requires the source_lang parameter to be specified."
             )
         terminology = await terminology_of(
-            glossaries, owner, str(glossary_id), source, model.bundle.target_lang, DeepLError
+            glossaries, owner, str(glossary_id), source, model.target_lang, DeepLError
         )
     found = await translate_texts(
         service, request, model, texts, options, documents, split, terminology

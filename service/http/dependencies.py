@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from service.serving.access import ApiKeys, key_from_headers
+from service.serving.errors import AdminKeyRequired
 from service.serving.metrics import Metrics
 from service.serving.requests import TranslationService
 from service.store import Store
@@ -45,6 +46,19 @@ def header_key(request: Request) -> str | None:
 async def require_api_key(request: Request) -> None:
     """A route dependency: the request carries a valid key, or NMT_API_KEYS is empty."""
     request.app.state.api_keys.check(header_key(request))
+
+
+async def require_admin_key(request: Request) -> None:
+    """A route dependency of model administration: an admin key (NMT_ADMIN_KEYS) when there
+    are any; with none, open only while the API is open too (no NMT_API_KEYS)."""
+    state = request.app.state
+    if state.admin_keys.enabled:
+        state.admin_keys.check(header_key(request))
+    elif state.api_keys.enabled:
+        raise AdminKeyRequired(
+            "model administration needs an admin key, and this server has none: set "
+            "NMT_ADMIN_KEYS (API keys are not admin keys)"
+        )
 
 
 async def require_api_key_for_metrics(request: Request) -> None:

@@ -31,6 +31,7 @@ from service.http.usage import account
 from service.runtime.search import SearchOptions
 from service.serving.access import ApiKeys
 from service.serving.errors import InternalError, InvalidInput, ServiceError
+from service.serving.pivot import Pivot
 from service.serving.registry import LoadedModel
 from service.serving.requests import TranslationService
 from service.serving.sentences import SplitMode
@@ -151,13 +152,15 @@ class Decoding:
     alignment_heads: bool = False
 
 
-def search_options(decoding: Decoding, settings: Settings, model: LoadedModel) -> SearchOptions:
+def search_options(
+    decoding: Decoding, settings: Settings, model: LoadedModel | Pivot
+) -> SearchOptions:
     """The SearchOptions of a request to `model`, with the server's defaults and repetition
     guard. The alignment layer is checked here, against the model's decoder layers (a 422 in
     the native API), whether or not alignment is asked for."""
     layer = decoding.alignment_layer
     if layer is not None:
-        layers = model.bundle.dims["decoder_layers"]
+        layers = model.decoder_layers
         if not 0 <= layer < layers:
             raise InvalidInput(
                 "alignment_layer",
@@ -186,7 +189,7 @@ class Translated:
 async def translate_texts(
     service: TranslationService,
     request: Request,
-    model: LoadedModel,
+    model: LoadedModel | Pivot,
     texts: list[str],
     options: SearchOptions,
     documents: list[markup.Document] | None = None,

@@ -42,6 +42,7 @@ from service.serving.errors import (
     TooManyTexts,
     UnknownPair,
 )
+from service.serving.pivot import pivot_pairs
 from service.serving.requests import TranslationService
 from service.serving.settings import Settings
 
@@ -178,9 +179,10 @@ def build_router(settings: Settings) -> APIRouter:
         service: ServiceDep,
     ) -> list[dict[str, Any]]:
         targets: dict[str, list[str]] = {}
-        for model in service.registry.models:
-            pair = (model.bundle.source_lang, model.bundle.target_lang)
-            targets.setdefault(pair[0], []).append(pair[1])
+        models = service.registry.models
+        pairs = [(m.source_lang, m.target_lang) for m in models] + pivot_pairs(models)
+        for source, target in pairs:  # a pair only a pivot serves is listed too
+            targets.setdefault(source, []).append(target)
         return [
             {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": sorted(found)}
             for code, found in sorted(targets.items())
@@ -251,7 +253,7 @@ async def _translate(
         source = found.language
         detected = {"confidence": found.confidence, "language": found.language}
     model = service.model_for(source, target, admitted_at(request))
-    request.state.model = model.name
+    request.state.model = model.labels
     options = search_options(Decoding(n_best=alternatives + 1), settings, model)
     # No alternatives for HTML: LibreTranslate gives none either.
     found = await translate_texts(service, request, model, texts, options, documents)

@@ -164,7 +164,7 @@ class RequestContextMiddleware:
             self.metrics.requests_in_progress.dec()
             seconds = time.perf_counter() - started
             route = scope["route"].path if "route" in scope else "unmatched"
-            model = state.get("model", "")
+            model = state.get("model", ("", ""))  # (name, version): LoadedModel.labels
             self.metrics.observe_request(route, model, status, seconds)
             if self.access_log_enabled and (status != 200 or route not in QUIET_ROUTES):
                 self._log(scope, state, route, status, seconds)
@@ -285,7 +285,10 @@ class RequestContextMiddleware:
             "latency_ms": round(seconds * 1000, 2),
             "client": f"{client[0]}:{client[1]}" if client else None,
         }
-        for key in ("model", "texts", "sentences", "input_tokens", "output_tokens", "error"):
+        if "model" in state:
+            fields["model"], version = state["model"]
+            fields["model_version"] = int(version) if version else None
+        for key in ("texts", "sentences", "input_tokens", "output_tokens", "error"):
             if key in state:
                 fields[key] = state[key]
         access_log.info("request", extra=fields)

@@ -24,8 +24,6 @@ from service.http.glossary_lookup import owner_of, terminology_of
 from service.http.limits import Limit, check_texts
 from service.http.middleware import admitted_at
 from service.http.schemas import (
-    ModelInfo,
-    ModelsResponse,
     Problem,
     TranslateRequestBase,
     TranslateResponse,
@@ -112,19 +110,20 @@ def build_router(settings: Settings) -> APIRouter:
         store: StoreDep,
     ) -> Response:
         check_texts(body.text, settings)
-        model = service.model_for(body.source_lang, body.target_lang, admitted_at(request))
-        request.state.model = model.name
+        model = service.model_for(
+            body.source_lang, body.target_lang, admitted_at(request), body.model_version
+        )
+        request.state.model = model.labels
         options = search_options(body.decoding(), settings, model)
         terminology = None
         if body.glossary_id is not None:
             owner = owner_of(keys, header_key(request))
-            bundle = model.bundle
             terminology = await terminology_of(
                 store.glossaries,
                 owner,
                 body.glossary_id,
-                bundle.source_lang,
-                bundle.target_lang,
+                model.source_lang,
+                model.target_lang,
                 _glossary_error,
             )
         elif body.glossary is not None:
@@ -140,21 +139,6 @@ def build_router(settings: Settings) -> APIRouter:
         account(request, len(body.texts), result)
         return await _json_answer(result, body)
 
-    @router.get(
-        "/v1/models",
-        response_model=ModelsResponse,
-        dependencies=KEYED,
-        responses={code: ERROR_RESPONSES[code] for code in (401, 403)},
-        tags=["models"],
-    )
-    async def models(service: ServiceDep) -> ModelsResponse:
-        return ModelsResponse(
-            models=[
-                ModelInfo(**{"description": m.bundle.description, **m.describe()})
-                for m in service.registry.models
-            ]
-        )
-
     @router.get("/healthz", tags=["health"], summary="alive (200) unless loading failed (503)")
     async def healthz(service: ServiceDep) -> JSONResponse:
         lifecycle = service.lifecycle
@@ -162,12 +146,18 @@ def build_router(settings: Settings) -> APIRouter:
         return JSONResponse({"status": lifecycle.phase, "detail": lifecycle.reason}, status)
 
     @router.get(
-        "/readyz", tags=["health"], summary="ready (200) when every model is loaded and warm"
+        "/readyz",
+        tags=["health"],
+        summary="ready (200) once the models are loaded and warm, while some model serves",
     )
     async def readyz(service: ServiceDep) -> JSONResponse:
         lifecycle = service.lifecycle
         if not lifecycle.ready:
             return JSONResponse({"status": lifecycle.phase, "detail": lifecycle.reason}, 503)
+        # A model reloading keeps serving its old version: ready stays. With every model
+        # unloaded there is nothing to send traffic to.
+        if not service.registry.ready:
+            return JSONResponse({"status": "no_model", "detail": "no model is loaded"}, 503)
         return JSONResponse({"status": "ready", "models": service.registry.pairs})
 
     # HEAD, as load balancers and uptime monitors probe: GET's status and headers, no body

@@ -48,6 +48,7 @@ class TranslateRequestBase(BaseModel):
     alignment_heads: Literal["mean", "all"]
     glossary_id: str | None
     glossary: list[GlossaryTerm] | None
+    model_version: int | None
 
     @property
     def texts(self) -> list[str]:
@@ -155,6 +156,13 @@ def translate_request_model(settings: Settings) -> type[TranslateRequestBase]:
             description="an inline glossary instead of glossary_id: terms found in a text "
             "(case-insensitively, whole words, longest first) are written in the translation",
         )
+        model_version: int | None = Field(
+            None,
+            strict=True,
+            ge=0,
+            description="a loaded version of the pair's model (GET /v1/models lists them); "
+            "default: the version that serves",
+        )
 
         @model_validator(mode="after")
         def _one_glossary(self) -> TranslateRequest:
@@ -246,6 +254,14 @@ class Usage(BaseModel):
 
 class TranslateResponse(BaseModel):
     model: str
+    model_version: int | None = Field(
+        None, description="the version that translated (absent for an unversioned bundle)"
+    )
+    pivot: str | None = Field(
+        None,
+        description="the language translated through, when no model translates the pair "
+        "directly (model then names both models, as first+second)",
+    )
     translations: list[Translation]
     usage: Usage
 
@@ -265,6 +281,8 @@ class TranslateResponse(BaseModel):
             translations.append(translation)
         return cls(
             model=result.model,
+            model_version=result.model_version,
+            pivot=result.pivot,
             translations=translations,
             usage=Usage(
                 input_tokens=result.input_tokens,
@@ -278,21 +296,61 @@ class TranslateResponse(BaseModel):
         )
 
 
+# "unloaded" only in the answer to an unload that is already done.
+ModelState = Literal["loading", "ready", "failed", "unloading", "unloaded"]
+
+
+class ModelVersionInfo(BaseModel):
+    version: int | None = Field(description="null: an unversioned bundle (<name>/bundle.json)")
+    state: ModelState
+    since: float = Field(description="when it entered this state (Unix time)")
+    reason: str | None = Field(None, description="why it failed to load")
+
+
 class ModelInfo(BaseModel):
+    """A model: the version new requests go to (its details), and every version the server
+    knows of. The details (languages, limits) are there while a version is ready."""
+
     model_config = ConfigDict(extra="allow")
 
     name: str
-    source_lang: str
-    target_lang: str
-    precision: str
-    max_tokens_per_sentence: int
+    version: int | None = Field(
+        None, description="the version that serves (null: unversioned, or none ready)"
+    )
+    state: ModelState = Field(
+        description="ready when a version serves; else loading, unloading or failed"
+    )
+    reason: str | None = Field(None, description="with state failed: why")
+    source_lang: str | None = None
+    target_lang: str | None = None
+    pairs: list[str] = Field([], description="language pairs it translates, as source-target")
+    precision: str | None = None
+    max_tokens_per_sentence: int | None = None
     description: str = Field(
         "", description="what the model was trained on and is good for (bundle.json)"
     )
+    versions: list[ModelVersionInfo] = []
 
 
 class ModelsResponse(BaseModel):
     models: list[ModelInfo]
+
+
+class ModelLoadRequest(BaseModel):
+    """An explicit load. Without a version: what the version policy selects (the newest that
+    loads, by default). With one: that version only, until the next load without one: a
+    rollback is a load of an older version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int | None = Field(None, ge=0, strict=True, examples=[2])
+
+
+class ModelReady(BaseModel):
+    name: str
+    version: int | None
+    state: ModelState
+    ready: bool
 
 
 class Problem(BaseModel):

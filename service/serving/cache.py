@@ -1,9 +1,9 @@
 """An in-process LRU cache of sentence translations, so that repeated sentences (a UI string
 translated for every visitor, a bot re-posting a template) skip the queue and the engine.
 
-Keyed by model, the sentence's token ids and the decoding options, which together decide the
-result; the value is the sentence's hypotheses exactly as the engine returned them, so a hit
-answers what a miss would. Bounded both in entries and in bytes (NMT_CACHE_ENTRIES,
+Keyed by model and version, the sentence's token ids and the decoding options, which together
+decide the result; the value is the sentence's hypotheses exactly as the engine returned them,
+so a hit answers what a miss would. Bounded both in entries and in bytes (NMT_CACHE_ENTRIES,
 NMT_CACHE_BYTES; 0 turns it off). Used only on the event loop, so it needs no lock.
 """
 
@@ -15,14 +15,16 @@ from typing import Protocol
 
 from nmt_contract import Hypothesis
 from service.runtime.search import SearchOptions
+from service.serving.observer import ModelLabels
 
-Key = tuple[str, tuple[int, ...], SearchOptions]
+# (model, version), the source ids, the options: a new version never answers from an old one's.
+Key = tuple[ModelLabels, tuple[int, ...], SearchOptions]
 
 
 class CacheObserver(Protocol):
     """What the cache reports (implemented by metrics.Metrics)."""
 
-    def observe_cache(self, model: str, hits: int, misses: int, evictions: int) -> None: ...
+    def observe_cache(self, model: ModelLabels, hits: int, misses: int, evictions: int) -> None: ...
 
 
 def _size(key: Key, hypotheses: list[Hypothesis]) -> int:
@@ -52,7 +54,7 @@ class TranslationCache:
         return len(self._entries)
 
     def lookup(
-        self, model: str, sources: list[list[int]], options: SearchOptions
+        self, model: ModelLabels, sources: list[list[int]], options: SearchOptions
     ) -> list[list[Hypothesis] | None]:
         """Each source's cached hypotheses, or None for a miss."""
         if not self.enabled:
@@ -69,7 +71,7 @@ class TranslationCache:
 
     def store(
         self,
-        model: str,
+        model: ModelLabels,
         sources: list[list[int]],
         options: SearchOptions,
         results: list[list[Hypothesis]],
@@ -93,6 +95,6 @@ class TranslationCache:
         if evicted:
             self._report(model, 0, 0, evicted)
 
-    def _report(self, model: str, hits: int, misses: int, evictions: int) -> None:
+    def _report(self, model: ModelLabels, hits: int, misses: int, evictions: int) -> None:
         if self._observer:
             self._observer.observe_cache(model, hits, misses, evictions)

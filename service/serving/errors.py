@@ -60,6 +60,62 @@ class UnknownPair(ServiceError):
         )
 
 
+class ModelUnknown(ServiceError):
+    """No model of that name is loaded or in the repository (NMT_MODEL_DIR)."""
+
+    status = 404
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        super().__init__(f"no model named {name!r}; models: {', '.join(known) or 'none'}")
+
+
+class ModelVersionUnknown(ServiceError):
+    """A request or a load named a version the model does not have (loaded, or on disk)."""
+
+    status = 404
+
+    def __init__(self, name: str, version: int, known: list[int]) -> None:
+        self.name, self.version = name, version
+        listed = ", ".join(map(str, known)) or "none"
+        super().__init__(f"model {name!r} has no version {version}; its versions: {listed}")
+
+
+class ModelLoadFailed(ServiceError):
+    """An explicit load could not load (or warm up) what it was asked to; what served before
+    still serves. 409: the request was fine, the repository's state is not."""
+
+    status = 409
+
+    def __init__(self, name: str, reasons: dict[int | None, str], serving: str) -> None:
+        """`reasons`: by version (None: the unversioned bundle), why it failed; `serving`: what
+        serves the model now, in words ("version 2", "nothing")."""
+        self.name, self.reasons, self.serving = name, reasons, serving
+        failures = "; ".join(
+            f"{'the bundle' if v is None else f'version {v}'}: {why}" for v, why in reasons.items()
+        )
+        super().__init__(f"model {name!r} did not load ({failures}); {serving} serves it now")
+
+
+class ModelUnavailable(ServiceError):
+    """The model was unloaded while the request waited for it, and nothing replaced it."""
+
+    status = 503
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"model {name!r} was unloaded: no version of it serves now")
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
+
+
+class AdminKeyRequired(ServiceError):
+    """Model administration needs an admin key (NMT_ADMIN_KEYS), and, while API keys are on,
+    is refused outright when no admin key is configured."""
+
+    status = 403
+
+
 class GlossaryUnknown(ServiceError):
     """No glossary of that id, or another API key's (never told apart)."""
 

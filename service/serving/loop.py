@@ -62,14 +62,17 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from service.runtime.search import Finished, SearchOptions, Sentence
 from service.serving.admission import DeadlineAdmission
 from service.serving.errors import DeadlineExceeded, ShuttingDown
-from service.serving.observer import BatchObserver
+from service.serving.observer import BatchObserver, ModelLabels
 from service.serving.queue import Job, QueuedSentence, Room, WaitingQueue
 from service.serving.terminology import SentenceTerms
+
+if TYPE_CHECKING:
+    from service.serving.tracing import JobTrace
 
 log = logging.getLogger("nmt.scheduler")  # the name operators' log filters already know
 
@@ -168,7 +171,7 @@ class DecodingLoop:
 
     def __init__(
         self,
-        model: str,
+        model: ModelLabels,
         new_batch: BatchFactory,
         limits: BatchLimits,
         observer: BatchObserver | None = None,
@@ -197,7 +200,8 @@ class DecodingLoop:
         self._encodings_ended = threading.Condition(self._lock)  # a join may wait for them
 
         self._admission = admission if admission is not None else DeadlineAdmission()
-        self._queue = WaitingQueue(model, limits.max_queued, limits.retry_after, self._admission)
+        name = model[0] + (f"@{model[1]}" if model[1] else "")  # "fr-en@2": model, version
+        self._queue = WaitingQueue(name, limits.max_queued, limits.retry_after, self._admission)
         # Empty batches, by beam size, that only price sentences (cost_of) as they are queued:
         # the worker's batches are not the event loop's to touch.
         self._pricing: dict[Hashable, DecodingBatch] = {}
@@ -224,9 +228,9 @@ class DecodingLoop:
         self._next_deadline = math.inf
 
         self._encoders: dict[Hashable, DecodingBatch] = {}  # by beam size; encoder thread's
-        self._thread = threading.Thread(target=self._work, name=f"nmt-batch-{model}", daemon=True)
+        self._thread = threading.Thread(target=self._work, name=f"nmt-batch-{name}", daemon=True)
         self._encoder_thread = (
-            threading.Thread(target=self._encode_ahead, name=f"nmt-encode-{model}", daemon=True)
+            threading.Thread(target=self._encode_ahead, name=f"nmt-encode-{name}", daemon=True)
             if encode_ahead
             else None
         )
@@ -254,12 +258,17 @@ class DecodingLoop:
         deadline: float,
         terms: list[SentenceTerms | None] | None = None,
         background: bool = False,
+        trace: JobTrace | None = None,
     ) -> Job:
         """Queue a request's sentences (see WaitingQueue.add); `deadline` is on self.clock;
         `terms`: per sentence, the glossary terms its translation must contain; `background`:
-        a document's, which takes only the room interactive requests leave."""
+        a document's, which takes only the room interactive requests leave; `trace`: where
+        the loop writes down its sentences' times when the request is traced (tracing.py)."""
         now = self.clock()
         job = Job(sources, options, deadline, asyncio.get_running_loop(), now, terms, background)
+        if trace is not None:
+            trace.start(now)
+            job.trace = trace
         if not sources:
             job.closed = True
             job.settle([])
@@ -440,10 +449,13 @@ class DecodingLoop:
             sentences = [_sentence(item) for item in items]
             encoded = [item.encoded for item in ready]
             if rest:
+                encoding = self.clock()
                 encoded.append(batch.encode(sentences[len(ready) :]))
+                _trace_encoding(rest, encoding, self.clock())
             for item in ready:
                 item.encoded = None  # its arrays are copied into the batch's
             batch.join(sentences, encoded)
+            decoding = self.clock()
         except Exception as error:
             log.warning("joining %d sentences failed (%s); decoding them alone", len(items), error)
             self._isolate(key, items)
@@ -454,6 +466,8 @@ class DecodingLoop:
             if item.job.started is None:
                 item.job.started = started
             self._next_deadline = min(self._next_deadline, item.job.deadline)
+            if item.job.trace is not None:
+                item.job.trace.joined(item.index, started, decoding, item.tokens)
         if self._observer:
             self._observer.observe_join(
                 self.model,
@@ -530,6 +544,9 @@ class DecodingLoop:
             for done in finished:
                 item = done.sentence.ticket
                 self._finished(item, now)
+                if item.job.trace is not None:
+                    tokens = len(done.hypotheses[0].tokens) if done.hypotheses else 0
+                    item.job.trace.finished(item.index, now, done.steps, tokens)
                 if not item.job.closed and item.job.record(item.index, done.hypotheses):
                     complete.append(item.job)
             for left in gone:
@@ -638,12 +655,14 @@ class DecodingLoop:
             for item in items:
                 item.encoding = True
         key = items[0].key
+        started = self.clock()
         try:  # whatever happens, the items leave the `encoding` state: a join may wait for them
             if key not in self._encoders:
                 self._encoders[key] = self._new_batch(key)
             encoded: list[object] = self._encoders[key].encode_each(
                 [_sentence(item) for item in items]
             )
+            _trace_encoding(items, started, self.clock())
         except Exception as error:  # their join fails on it and decodes its sentences alone
             encoded = [error] * len(items)
         with self._lock:
@@ -690,6 +709,13 @@ class DecodingLoop:
     def _report_dropped(self, reason: str, count: int) -> None:
         if self._observer:
             self._observer.observe_dropped(self.model, reason, count)
+
+
+def _trace_encoding(items: list[QueuedSentence], started: float, ended: float) -> None:
+    """One encoder call encoded `items`: written down for the traced ones."""
+    for item in items:
+        if item.job.trace is not None:
+            item.job.trace.encoded(item.index, started, ended, len(items))
 
 
 def _short(error: Exception, limit: int = 300) -> str:

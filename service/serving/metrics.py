@@ -20,6 +20,7 @@ of a lone greedy request. Appending to a deque takes about a microsecond.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import threading
@@ -40,6 +41,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.registry import Collector
+
+from service.serving.observer import ModelLabels
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -69,10 +72,10 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
-        self._step_metrics: dict[str, tuple] = {}  # see _per_step
+        self._step_metrics: dict[ModelLabels, tuple] = {}  # see _per_step
         # (model, sentences, reserved tokens, output tokens, seconds) of steps not yet put
         # into their metrics; appended by the worker threads, emptied by flush_steps.
-        self._steps: deque[tuple[str, int, int, int, float]] = deque()
+        self._steps: deque[tuple[ModelLabels, int, int, int, float]] = deque()
         self._flushing = threading.Lock()
         # Registered first, so that every collection (a scrape, a test reading a sample)
         # flushes the buffered steps before the metrics are read.
@@ -80,21 +83,21 @@ class Metrics:
         self.requests = Counter(
             "nmt_requests",
             "HTTP requests answered, by route template, model and status code",
-            ["route", "model", "status"],
+            ["route", "model", "version", "status"],
             registry=registry,
         )
         self.glossary_terms_kept = Histogram(
             "nmt_glossary_terms_kept_ratio",
             "per request with glossary terms: the share of the terms found in its sentences "
             "that their translations contain",
-            ["model"],
+            ["model", "version"],
             buckets=(0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0),
             registry=registry,
         )
         self.request_duration = Histogram(
             "nmt_request_duration_seconds",
             "time from receiving a request to sending its answer",
-            ["route", "model"],
+            ["route", "model", "version"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
@@ -109,41 +112,44 @@ class Metrics:
             registry=registry,
         )
         self.queue_depth = Gauge(
-            "nmt_queue_depth", "sentences waiting for a batch", ["model"], registry=registry
+            "nmt_queue_depth",
+            "sentences waiting for a batch",
+            ["model", "version"],
+            registry=registry,
         )
         self.queue_capacity = Gauge(
             "nmt_queue_capacity",
             "sentences the queue may hold (NMT_MAX_QUEUE_SENTENCES); past it, 429",
-            ["model"],
+            ["model", "version"],
             registry=registry,
         )
         self.capacity = Gauge(
             "nmt_capacity_sentences_per_second",
             "queued sentences the model took into its batches per second while others waited "
             "(its measured capacity; admission forecasts queue waits from it)",
-            ["model"],
+            ["model", "version"],
             registry=registry,
         )
         self.queue_wait = Histogram(
             "nmt_queue_wait_seconds",
             "time a sentence waited in the queue before it joined the running batch",
-            ["model"],
+            ["model", "version"],
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
         self.input_tokens = Counter(
-            "nmt_input_tokens", "source tokens translated", ["model"], registry=registry
+            "nmt_input_tokens", "source tokens translated", ["model", "version"], registry=registry
         )
         self.output_tokens = Counter(
             "nmt_output_tokens",
             "target tokens produced (best hypothesis, without </s>)",
-            ["model"],
+            ["model", "version"],
             registry=registry,
         )
         self.decode_steps = Counter(
             "nmt_decode_steps",
             "decoder steps run",
-            ["model"],
+            ["model", "version"],
             registry=registry,
         )
         # Continuous batching (names after TGI's where it has one: tgi_batch_current_size,
@@ -151,20 +157,20 @@ class Metrics:
         self.batch_current_size = Gauge(
             "nmt_batch_current_size",
             "sentences in the running batch (continuous batching), after the last step",
-            ["model"],
+            ["model", "version"],
             registry=registry,
         )
         self.batch_current_max_tokens = Gauge(
             "nmt_batch_current_max_tokens",
             "tokens the running batch has reserved: sources plus the caches its rows may "
             "grow to (bounded by NMT_MAX_BATCH_TOTAL_TOKENS)",
-            ["model"],
+            ["model", "version"],
             registry=registry,
         )
         self.step_sentences = Histogram(
             "nmt_batch_step_sentences",
             "sentences in the running batch at one decoder step (its occupancy)",
-            ["model"],
+            ["model", "version"],
             buckets=SENTENCE_BUCKETS,
             registry=registry,
         )
@@ -172,26 +178,26 @@ class Metrics:
             "nmt_batch_forward_duration_seconds",
             "engine time of one join (method=prefill: encode and merge) or one decoder step "
             "(method=decode)",
-            ["model", "method"],
+            ["model", "version", "method"],
             buckets=STEP_BUCKETS,
             registry=registry,
         )
         self.joined = Counter(
             "nmt_batch_joined_sentences",
             "sentences that joined the running batch",
-            ["model"],
+            ["model", "version"],
             registry=registry,
         )
         self.left = Counter(
             "nmt_batch_left_sentences",
             "sentences that left the running batch, by reason (finished, abandoned, failed)",
-            ["model", "reason"],
+            ["model", "version", "reason"],
             registry=registry,
         )
         self.request_queue = Histogram(
             "nmt_request_queue_duration_seconds",
             "per translation job: from arrival until its first sentence reached the engine",
-            ["model"],
+            ["model", "version"],
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
@@ -199,45 +205,52 @@ class Metrics:
             "nmt_request_inference_duration_seconds",
             "per translation job: from its first sentence reaching the engine to its last "
             "sentence's end",
-            ["model"],
+            ["model", "version"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.time_per_token = Histogram(
             "nmt_request_mean_time_per_token_duration_seconds",
             "per translation job: inference time divided by the tokens it produced",
-            ["model"],
+            ["model", "version"],
             buckets=STEP_BUCKETS,
             registry=registry,
         )
         self.batch_failures = Counter(
             "nmt_batch_failures",
             "engine batches that failed (their sentences are then retried one by one)",
-            ["model"],
+            ["model", "version"],
             registry=registry,
         )
         self.dropped_sentences = Counter(
             "nmt_dropped_sentences",
             "queued sentences dropped before translation, by reason",
-            ["model", "reason"],
+            ["model", "version", "reason"],
             registry=registry,
         )
         self.cache_lookups = Counter(
             "nmt_cache_lookups",
             "sentence lookups in the translation cache, by result (hit or miss)",
-            ["model", "result"],
+            ["model", "version", "result"],
             registry=registry,
         )
         self.cache_evictions = Counter(
             "nmt_cache_evictions",
             "sentences evicted from the translation cache to stay within its bounds",
-            ["model"],
+            ["model", "version"],
             registry=registry,
         )
         self.model_load = Gauge(
             "nmt_model_load_seconds",
             "time to load and warm up a model",
-            ["model"],
+            ["model", "version"],
+            registry=registry,
+        )
+        self.model_loads = Counter(
+            "nmt_model_loads",
+            "attempts to load a model version, by outcome (loaded, failed: it did not load or "
+            "warm up, and what served before serves on)",
+            ["model", "version", "outcome"],
             registry=registry,
         )
         # Read from the store at each scrape (watch_glossaries): the database is the truth,
@@ -278,21 +291,21 @@ class Metrics:
         return generate_latest(self.registry)
 
     # What the decoding loop reports (observer.BatchObserver).
-    def observe_queue_depth(self, model: str, depth: int) -> None:
-        self.queue_depth.labels(model).set(depth)
+    def observe_queue_depth(self, model: ModelLabels, depth: int) -> None:
+        self.queue_depth.labels(*model).set(depth)
 
     def observe_join(
-        self, model: str, waits: list[float], input_tokens: int, seconds: float
+        self, model: ModelLabels, waits: list[float], input_tokens: int, seconds: float
     ) -> None:
         for wait in waits:
-            self.queue_wait.labels(model).observe(wait)
-        self.joined.labels(model).inc(len(waits))
-        self.input_tokens.labels(model).inc(input_tokens)
-        self.forward_duration.labels(model, "prefill").observe(seconds)
+            self.queue_wait.labels(*model).observe(wait)
+        self.joined.labels(*model).inc(len(waits))
+        self.input_tokens.labels(*model).inc(input_tokens)
+        self.forward_duration.labels(*model, "prefill").observe(seconds)
 
     def observe_step(
         self,
-        model: str,
+        model: ModelLabels,
         sentences: int,
         rows: int,
         reserved_tokens: int,
@@ -323,56 +336,58 @@ class Metrics:
         finally:
             self._flushing.release()
 
-    def _per_step(self, model: str) -> tuple:
+    def _per_step(self, model: ModelLabels) -> tuple:
         """A step's labelled metrics for `model`, looked up once: six `labels()` lookups a
         step took about as long as the rest of the scheduler's own work a step."""
         found = self._step_metrics.get(model)
         if found is None:
             found = self._step_metrics[model] = (
-                self.step_sentences.labels(model),
-                self.batch_current_size.labels(model),
-                self.batch_current_max_tokens.labels(model),
-                self.forward_duration.labels(model, "decode"),
-                self.output_tokens.labels(model),
-                self.decode_steps.labels(model),
+                self.step_sentences.labels(*model),
+                self.batch_current_size.labels(*model),
+                self.batch_current_max_tokens.labels(*model),
+                self.forward_duration.labels(*model, "decode"),
+                self.output_tokens.labels(*model),
+                self.decode_steps.labels(*model),
             )
         return found
 
-    def observe_left(self, model: str, reason: str, count: int) -> None:
+    def observe_left(self, model: ModelLabels, reason: str, count: int) -> None:
         if count:
-            self.left.labels(model, reason).inc(count)
+            self.left.labels(*model, reason).inc(count)
 
-    def observe_job(self, model: str, queued: float, inference: float, output_tokens: int) -> None:
-        self.request_queue.labels(model).observe(queued)
-        self.request_inference.labels(model).observe(inference)
+    def observe_job(
+        self, model: ModelLabels, queued: float, inference: float, output_tokens: int
+    ) -> None:
+        self.request_queue.labels(*model).observe(queued)
+        self.request_inference.labels(*model).observe(inference)
         if output_tokens:
-            self.time_per_token.labels(model).observe(inference / output_tokens)
+            self.time_per_token.labels(*model).observe(inference / output_tokens)
 
-    def observe_batch_failure(self, model: str) -> None:
-        self.batch_failures.labels(model).inc()
+    def observe_batch_failure(self, model: ModelLabels) -> None:
+        self.batch_failures.labels(*model).inc()
 
-    def observe_dropped(self, model: str, reason: str, count: int) -> None:
+    def observe_dropped(self, model: ModelLabels, reason: str, count: int) -> None:
         if count:
-            self.dropped_sentences.labels(model, reason).inc(count)
+            self.dropped_sentences.labels(*model, reason).inc(count)
 
-    def observe_capacity(self, model: str, sentences_per_second: float) -> None:
-        self.capacity.labels(model).set(sentences_per_second)
+    def observe_capacity(self, model: ModelLabels, sentences_per_second: float) -> None:
+        self.capacity.labels(*model).set(sentences_per_second)
 
     # Requests (the HTTP middleware) and models (the registry).
-    def observe_terms_kept(self, model: str, ratio: float) -> None:
-        self.glossary_terms_kept.labels(model).observe(ratio)
+    def observe_terms_kept(self, model: ModelLabels, ratio: float) -> None:
+        self.glossary_terms_kept.labels(*model).observe(ratio)
 
-    def observe_request(self, route: str, model: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, model, str(status)).inc()
-        self.request_duration.labels(route, model).observe(seconds)
+    def observe_request(self, route: str, model: ModelLabels, status: int, seconds: float) -> None:
+        self.requests.labels(route, *model, str(status)).inc()
+        self.request_duration.labels(route, *model).observe(seconds)
 
-    def observe_cache(self, model: str, hits: int, misses: int, evictions: int) -> None:
+    def observe_cache(self, model: ModelLabels, hits: int, misses: int, evictions: int) -> None:
         if hits:
-            self.cache_lookups.labels(model, "hit").inc(hits)
+            self.cache_lookups.labels(*model, "hit").inc(hits)
         if misses:
-            self.cache_lookups.labels(model, "miss").inc(misses)
+            self.cache_lookups.labels(*model, "miss").inc(misses)
         if evictions:
-            self.cache_evictions.labels(model).inc(evictions)
+            self.cache_evictions.labels(*model).inc(evictions)
 
     def watch_glossaries(self, count: Callable[[], int]) -> None:
         """nmt_glossaries becomes `count()` (the store's) at each scrape, read off the event
@@ -388,9 +403,28 @@ class Metrics:
         if outcome == "done":
             self.document_characters.inc(characters)
 
-    def observe_model_loaded(self, model: str, seconds: float, queue_capacity: int) -> None:
-        self.model_load.labels(model).set(seconds)
-        self.queue_capacity.labels(model).set(queue_capacity)
+    def forget_model(self, model: ModelLabels) -> None:
+        """An unloaded version's gauges go (counters and histograms stay: rates need them):
+        a gauge left at its last value would count in every sum by model."""
+        self.flush_steps()
+        self._step_metrics.pop(model, None)
+        for gauge in (
+            self.queue_depth,
+            self.queue_capacity,
+            self.capacity,
+            self.batch_current_size,
+            self.batch_current_max_tokens,
+            self.model_load,
+        ):
+            with contextlib.suppress(KeyError):  # never set for this version
+                gauge.remove(*model)
+
+    def observe_model_load(self, model: str, version: str, outcome: str) -> None:
+        self.model_loads.labels(model, version, outcome).inc()
+
+    def observe_model_loaded(self, model: ModelLabels, seconds: float, queue_capacity: int) -> None:
+        self.model_load.labels(*model).set(seconds)
+        self.queue_capacity.labels(*model).set(queue_capacity)
 
 
 class _FlushSteps(Collector):

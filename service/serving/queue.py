@@ -24,12 +24,16 @@ from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import TYPE_CHECKING
 
 from nmt_contract import Hypothesis
 from service.runtime.search import SearchOptions, batch_key
 from service.serving.admission import DeadlineAdmission, retry_after
 from service.serving.errors import Backlogged, QueueFull
 from service.serving.terminology import SentenceTerms
+
+if TYPE_CHECKING:
+    from service.serving.tracing import JobTrace
 
 
 class Job:
@@ -60,6 +64,7 @@ class Job:
         self.results: list[list[Hypothesis] | None] = [None] * len(sources)
         self.remaining = len(sources)
         self.closed = False  # finished, failed or cancelled: no more work (loop's lock)
+        self.trace: JobTrace | None = None  # its times, for its spans, when it is traced
         self.future: asyncio.Future[list[list[Hypothesis]]] = loop.create_future()
         self._loop = loop
 

@@ -19,6 +19,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+
 from nmt_contract import Hypothesis
 from service.runtime.search import SearchOptions
 from service.runtime.tokenizer import BundleTokenizer
@@ -28,20 +30,24 @@ from service.serving.errors import (
     ClientGone,
     DeadlineExceeded,
     DetectedLanguageNotServed,
+    InvalidInput,
     QuotaExceeded,
     RequestTooLarge,
     SentenceTooLong,
     ShuttingDown,
     TranslationFailed,
+    UnknownPair,
 )
 from service.serving.input_text import clean_text, has_letters, model_input
 from service.serving.language_id import Detection, LanguageDetector
 from service.serving.lifecycle import Lifecycle
 from service.serving.loop import SentenceFailed
+from service.serving.pivot import Pivot, compose_weights, pivot_for, pivot_pairs
 from service.serving.registry import LoadedModel, ModelRegistry
 from service.serving.sentences import SplitMode, SplitText, split_text
 from service.serving.settings import Settings
 from service.serving.terminology import SentenceTerms, Terminology, kept, sentence_terms
+from service.serving.tracing import Tracing
 from service.serving.word_alignment import WordAlignment, word_alignment
 
 if TYPE_CHECKING:
@@ -99,16 +105,22 @@ class TextResult:
     score: float  # mean of its sentences' scores (0.0 for an empty text)
     n_best: list[Alternative]  # best first; n_best[0] is `text`
     alignment: list[SentenceAlignment] = field(default_factory=list)
+    # The text's sentences, each as its n-best translations (best first), and where they sat:
+    # what a pivot's second model translates, and how it puts the text back together.
+    sentences: list[list[Alternative]] = field(default_factory=list)
+    layout: SplitText = field(default_factory=lambda: SplitText([], []))
 
 
 @dataclass
 class RequestResult:
     model: str
+    model_version: int | None  # None: an unversioned bundle
     texts: list[TextResult]
     sentences: int
     input_tokens: int  # source tokens fed to the encoder, </s> included
     output_tokens: int  # tokens of the returned translations, </s> excluded
     alignment_weights: int = 0  # attention weights in `texts` (what rendering them costs)
+    pivot: str | None = None  # the language translated through, when no model did it directly
     terms: int = 0  # glossary terms found in the sentences
     terms_kept: int = 0  # ... and found in their translations
 
@@ -123,9 +135,11 @@ class TranslationService:
         lifecycle: Lifecycle,
         cache: TranslationCache | None = None,
         metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.tracing = tracing if tracing is not None else Tracing()  # default: off
         self.registry = registry
         self.lifecycle = lifecycle
         self.cache = cache if cache is not None else TranslationCache(0, 0)  # 0: off
@@ -133,12 +147,32 @@ class TranslationService:
         self.characters_translated = 0  # source characters of answered requests, since start
 
     def model_for(
-        self, source_lang: str, target_lang: str, admitted_at: float | None = None
-    ) -> LoadedModel:
-        """The model of a pair, for a request admitted at `admitted_at` (time.monotonic()):
-        refused while loading, and while draining unless admitted before the signal."""
+        self,
+        source_lang: str,
+        target_lang: str,
+        admitted_at: float | None = None,
+        version: int | None = None,
+    ) -> LoadedModel | Pivot:
+        """The model of a pair (its serving version, or a loaded `version`), or two chained
+        through English when no model translates it directly; for a request admitted at
+        `admitted_at` (time.monotonic()): refused while loading, and while draining unless
+        admitted before the signal."""
         self.lifecycle.check_accepting(admitted_at)
-        return self.registry.get(source_lang, target_lang)
+        try:
+            return self.registry.get(source_lang, target_lang, version)
+        except UnknownPair:
+            models = self.registry.models
+            pivot = pivot_for(models, source_lang, target_lang)
+            if pivot is None or version is not None:
+                raise UnknownPair(source_lang, target_lang, self.pairs) from None
+            return pivot
+
+    @property
+    def pairs(self) -> list[str]:
+        """Every pair served, directly or through the pivot language."""
+        models = self.registry.models
+        through = [f"{a}-{b}" for a, b in pivot_pairs(models)]
+        return sorted({m.pair for m in models} | set(through))
 
     def sources_for(self, target_lang: str) -> list[str]:
         """The source languages some model translates into target_lang."""
@@ -178,7 +212,7 @@ class TranslationService:
 
     async def translate(
         self,
-        model: LoadedModel,
+        model: LoadedModel | Pivot,
         texts: list[str],
         options: SearchOptions,
         client_gone: Callable[[], Awaitable[object]] | None = None,
@@ -195,7 +229,78 @@ class TranslationService:
         weights (capped by NMT_MAX_ALIGNMENT_WEIGHTS, AlignmentTooLarge past it) unless
         `alignment_weights` is False, for callers that read only the word alignment. With a
         `terminology` (a glossary's entries), its terms found in a sentence are written in
-        its translation (terminology.py, runtime/strategies.ConstrainedBeamSearch)."""
+        its translation (terminology.py, runtime/strategies.ConstrainedBeamSearch).
+
+        The model is held (ModelRegistry.lease) until the answer is assembled: a version
+        retired meanwhile (a reload) finishes this request before it is unloaded. A Pivot's
+        two models are held in turn, each for its leg."""
+        if isinstance(model, Pivot):
+            return await self._through(
+                model,
+                texts,
+                options,
+                client_gone,
+                split,
+                alignment_weights,
+                terminology,
+                background,
+            )
+        with self.registry.lease(model) as held:
+            return await self._translate(
+                held, texts, options, client_gone, split, alignment_weights, terminology, background
+            )
+
+    async def _through(
+        self,
+        pivot: Pivot,
+        texts: list[str],
+        options: SearchOptions,
+        client_gone: Callable[[], Awaitable[object]] | None,
+        split: SplitMode,
+        alignment_weights: bool,
+        terminology: Terminology | None,
+        background: bool,
+    ) -> RequestResult:
+        """The texts through `pivot.first`, then each of its sentences through `pivot.second`
+        (so the sentences of both legs line up), put back in the texts' layout; alignments
+        composed (pivot.py)."""
+        if terminology is not None:
+            raise InvalidInput(
+                "glossary_through_pivot",
+                f"cannot be applied: no model translates {pivot.source_lang} to "
+                f"{pivot.target_lang} directly (it goes through {pivot.via})",
+                field="glossary_id",
+            )
+        # The first leg's weights are needed to compose, whatever the caller reads.
+        first = await self.translate(
+            pivot.first, texts, replace(options, n_best=1), client_gone, split, True,
+            background=background,
+        )  # fmt: skip
+        middle = [sentence[0].text for text in first.texts for sentence in text.sentences]
+        second = await self.translate(
+            pivot.second, middle, options, client_gone, "none", True, background=background
+        )
+        return await off_loop(
+            len(middle) + first.alignment_weights + second.alignment_weights,
+            _join_legs,
+            pivot,
+            first,
+            second,
+            options,
+            alignment_weights,
+        )
+
+    async def _translate(
+        self,
+        model: LoadedModel,
+        texts: list[str],
+        options: SearchOptions,
+        client_gone: Callable[[], Awaitable[object]] | None,
+        split: SplitMode,
+        alignment_weights: bool,
+        terminology: Terminology | None,
+        background: bool,
+    ) -> RequestResult:
         characters = sum(len(text) for text in texts)
         quota = self.settings.character_limit
         if quota and self.characters_translated + characters > quota:
@@ -208,7 +313,8 @@ class TranslationService:
         # A document's chunk is bounded by its worker (NMT_DOCUMENT_CHUNK_SENTENCES) and one
         # paragraph at least: a paragraph of many sentences is still one chunk.
         limit = self.settings.max_sentences_per_request if not background else 1 << 30
-        prepared = await off_loop(characters, _prepare, model, texts, limit, split, terminology)
+        with self.tracing.span("nmt.prepare", model):
+            prepared = await off_loop(characters, _prepare, model, texts, limit, split, terminology)
         hypotheses = await self._run(model, prepared, options, deadline, client_gone, background)
         weights = 0
         if options.alignment and alignment_weights:  # counted before any list is built
@@ -216,18 +322,19 @@ class TranslationService:
             if weights > self.settings.max_alignment_weights:
                 raise AlignmentTooLarge(weights, self.settings.max_alignment_weights)
         self.characters_translated += characters
-        result = await off_loop(
-            characters + weights,
-            _assemble,
-            model,
-            prepared,
-            hypotheses,
-            options,
-            alignment_weights,
-        )
+        with self.tracing.span("nmt.assemble", model):
+            result = await off_loop(
+                characters + weights,
+                _assemble,
+                model,
+                prepared,
+                hypotheses,
+                options,
+                alignment_weights,
+            )
         result.alignment_weights = weights
         if result.terms and self.metrics is not None:
-            self.metrics.observe_terms_kept(model.name, result.terms_kept / result.terms)
+            self.metrics.observe_terms_kept(model.labels, result.terms_kept / result.terms)
         return result
 
     async def _run(
@@ -241,7 +348,7 @@ class TranslationService:
     ) -> list[list[Hypothesis]]:
         sources, terms = prepared.sources, prepared.terms
         # Sentences with glossary terms bypass the cache (their translation is the terms')
-        cached = self.cache.lookup(model.name, sources, options)
+        cached = self.cache.lookup(model.labels, sources, options)
         cached = [None if terms[i] else found for i, found in enumerate(cached)]
         missing = [i for i, found in enumerate(cached) if found is None]
         if missing:  # only what the cache lacks goes through the queue and the engine
@@ -274,7 +381,10 @@ class TranslationService:
                     fresh[k] = hypotheses
             plain = [k for k, i in enumerate(firsts) if not terms[i]]
             self.cache.store(
-                model.name, [sources[firsts[k]] for k in plain], options, [fresh[k] for k in plain]
+                model.labels,
+                [sources[firsts[k]] for k in plain],
+                options,
+                [fresh[k] for k in plain],
             )
             found_of = dict(zip(first_of, fresh, strict=True))
             for i in missing:
@@ -294,13 +404,17 @@ class TranslationService:
         """Sentences `which` of the request through the model's decoding loop."""
         owners = [prepared.owners[i] for i in which]
         decoding = model.loop
+        trace = self.tracing.job(model, len(which), options.beam_size)  # None: not traced
         job = decoding.submit(
             [prepared.sources[i] for i in which],
             options,
             deadline,
             terms=[prepared.terms[i] for i in which],
             background=background,
+            trace=trace,
         )
+        if trace is not None:  # its spans, from the times the loop wrote down, once it is over
+            job.future.add_done_callback(trace.end)
         watcher = asyncio.ensure_future(client_gone()) if client_gone is not None else None
         grace_over = asyncio.ensure_future(self.lifecycle.grace_over.wait())
         try:
@@ -425,7 +539,8 @@ def _assemble(
             for sentence, slot in zip(split.sentences, slots, strict=True)
         ]
         if not choices:  # an empty or blank text
-            results.append(TextResult("", 0.0, [Alternative("", 0.0)] * options.n_best))
+            empty = [Alternative("", 0.0)] * options.n_best
+            results.append(TextResult("", 0.0, empty, layout=split))
             continue
         n_best = []
         for rank in range(options.n_best):
@@ -448,16 +563,91 @@ def _assemble(
                 )
                 for slot in slots
             ]
-        results.append(TextResult(n_best[0].text, n_best[0].score, n_best, alignment))
+        sentences = [[Alternative(text, score) for text, score in c] for c in choices]
+        results.append(
+            TextResult(n_best[0].text, n_best[0].score, n_best, alignment, sentences, split)
+        )
     found = [(terms, hypotheses[i][0]) for i, terms in enumerate(prepared.terms) if terms]
     return RequestResult(
         model=model.name,
+        model_version=model.version,
         texts=results,
         sentences=len(prepared.sources),
         input_tokens=sum(len(s) for s in prepared.sources),
         output_tokens=sum(len(h[0].tokens) for h in hypotheses),
         terms=sum(len(terms.targets) for terms, _ in found),
         terms_kept=sum(kept(tokenizer.decode(best.tokens), terms.targets) for terms, best in found),
+    )
+
+
+def _join_legs(
+    pivot: Pivot,
+    first: RequestResult,
+    second: RequestResult,
+    options: SearchOptions,
+    with_weights: bool,
+) -> RequestResult:
+    """The second leg's sentences back into the first leg's texts and layouts."""
+    results: list[TextResult] = []
+    legs = iter(second.texts)
+    weights = 0
+    for text in first.texts:
+        sentences = [next(legs) for _ in text.sentences]
+        n_best = [
+            Alternative(
+                text.layout.join([s.n_best[min(rank, len(s.n_best) - 1)].text for s in sentences]),
+                sum(s.n_best[min(rank, len(s.n_best) - 1)].score for s in sentences)
+                / max(len(sentences), 1),
+            )
+            for rank in range(options.n_best)
+        ]
+        alignment = []
+        if options.alignment:
+            alignment = [
+                _composed(a, s.alignment[0], with_weights)
+                for a, s in zip(text.alignment, sentences, strict=True)
+            ]
+            weights += sum(len(a.weights) * len(a.source_tokens) for a in alignment)
+        results.append(
+            TextResult(
+                n_best[0].text,
+                n_best[0].score,
+                n_best,
+                alignment,
+                [s.sentences[0] if s.sentences else s.n_best for s in sentences],
+                text.layout,
+            )
+        )
+    return RequestResult(
+        model=pivot.name,
+        model_version=None,
+        texts=results,
+        sentences=first.sentences,
+        input_tokens=first.input_tokens,  # what the client sent
+        output_tokens=second.output_tokens,  # and got back
+        alignment_weights=weights,
+        pivot=pivot.via,
+    )
+
+
+def _composed(
+    first: SentenceAlignment, second: SentenceAlignment, with_weights: bool
+) -> SentenceAlignment:
+    """Source -> pivot and pivot -> target made source -> target (pivot.compose_weights)."""
+    if not first.weights or not second.weights:  # a sentence without letters: no alignment
+        return SentenceAlignment(first.source_tokens, second.target_tokens, [])
+    weights = compose_weights(
+        np.asarray(first.weights),
+        first.target_tokens,
+        np.asarray(second.weights),
+        second.source_tokens,
+    )
+    return SentenceAlignment(
+        source_tokens=first.source_tokens,
+        target_tokens=second.target_tokens,
+        weights=weights.round(WEIGHT_DECIMALS).tolist() if with_weights else [],
+        words=word_alignment(first.source_tokens, second.target_tokens, weights, WEIGHT_DECIMALS),
+        layer=second.layer,
     )
 
 

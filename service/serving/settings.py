@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.serving.repository import VersionPolicy
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="NMT_", extra="ignore")
@@ -20,8 +22,20 @@ class Settings(BaseSettings):
     # Models and engine
     model_dir: Path = Field(
         Path("build/models"),
-        description="folder holding one bundle per language pair (subfolders with a "
-        "bundle.json); a single bundle folder works too",
+        description="the model repository: one folder per model, holding numbered version "
+        "folders (<name>/<version>/bundle.json) or one bundle (<name>/bundle.json); a single "
+        "bundle folder works too",
+    )
+    model_version_policy: str = Field(
+        "latest",
+        description="which versions of each model load: latest (the newest that loads), "
+        "latest:N, all, or specific:1,3; requests go to the newest loaded",
+    )
+    model_poll_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="watch the repository every this many seconds and load what changed "
+        "(0: off; prefer explicit POST /v1/models/{name}/load in production)",
     )
     int8: bool = Field(False, description="serve the int8 graphs (bundles exported with --int8)")
     shortlist: bool = Field(
@@ -54,6 +68,12 @@ class Settings(BaseSettings):
         "info", description="log level of the JSON logs on stderr"
     )
     access_log: bool = Field(True, description="one JSON access log line per request")
+    otlp_endpoint: str = Field(
+        "",
+        description="OpenTelemetry collector (OTLP/HTTP) that receives request traces, e.g. "
+        "http://otel-collector:4318 (/v1/traces is added); empty: OTEL_EXPORTER_OTLP_ENDPOINT "
+        "if set, else no tracing",
+    )
     cors_origins: str = Field(
         "",
         description="comma-separated origins allowed to call the API from a browser "
@@ -102,6 +122,11 @@ class Settings(BaseSettings):
         SecretStr(""),
         description="comma-separated API keys; when set, translation routes need one "
         "(`Authorization: Bearer KEY`, `X-API-Key`, or LibreTranslate's `api_key`); empty: open",
+    )
+    admin_keys: SecretStr = Field(
+        SecretStr(""),
+        description="comma-separated keys for model administration (/v1/models/{name}/load "
+        "and /unload); empty: those routes are open only while NMT_API_KEYS is empty too",
     )
     metrics_require_key: bool = Field(
         False, description="/metrics needs an API key too (when NMT_API_KEYS is set)"
@@ -299,6 +324,7 @@ class Settings(BaseSettings):
                 f"NMT_DEFAULT_BEAM_SIZE={self.default_beam_size} is above "
                 f"NMT_MAX_BEAM_SIZE={self.max_beam_size}"
             )
+        VersionPolicy.parse(self.model_version_policy)  # a bad one stops the start, named
         return self
 
     @property
@@ -319,3 +345,7 @@ class Settings(BaseSettings):
     @property
     def api_key_list(self) -> list[str]:
         return [key.strip() for key in self.api_keys.get_secret_value().split(",") if key.strip()]
+
+    @property
+    def admin_key_list(self) -> list[str]:
+        return [k.strip() for k in self.admin_keys.get_secret_value().split(",") if k.strip()]

@@ -37,35 +37,35 @@ def hypotheses(n: int, alignment_bytes: int = 0) -> list[Hypothesis]:
 def test_hits_misses_and_the_least_recently_used_leaves_first():
     recorder = Recorder()
     cache = TranslationCache(max_entries=2, max_bytes=10**6, observer=recorder)
-    cache.store("m", [[1], [2]], GREEDY, [hypotheses(1), hypotheses(2)])
-    assert cache.lookup("m", [[1], [3]], GREEDY) == [hypotheses(1), None]  # [1] is now recent
-    cache.store("m", [[3]], GREEDY, [hypotheses(3)])  # evicts [2], the least recently used
-    assert cache.lookup("m", [[1], [2], [3]], GREEDY) == [hypotheses(1), None, hypotheses(3)]
+    cache.store(("m", ""), [[1], [2]], GREEDY, [hypotheses(1), hypotheses(2)])
+    assert cache.lookup(("m", ""), [[1], [3]], GREEDY) == [hypotheses(1), None]  # [1] is now recent
+    cache.store(("m", ""), [[3]], GREEDY, [hypotheses(3)])  # evicts [2], the least recently used
+    assert cache.lookup(("m", ""), [[1], [2], [3]], GREEDY) == [hypotheses(1), None, hypotheses(3)]
     assert (recorder.hits, recorder.misses, recorder.evictions) == (3, 2, 1)
 
 
 def test_the_key_holds_the_model_and_the_decoding_options():
     cache = TranslationCache(max_entries=10, max_bytes=10**6)
-    cache.store("m", [[1]], GREEDY, [hypotheses(1)])
-    assert cache.lookup("m", [[1]], BEAM) == [None]
+    cache.store(("m", ""), [[1]], GREEDY, [hypotheses(1)])
+    assert cache.lookup(("m", ""), [[1]], BEAM) == [None]
     assert cache.lookup("other", [[1]], GREEDY) == [None]
 
 
 def test_the_byte_bound_holds_and_an_entry_larger_than_the_cache_is_not_kept():
     cache = TranslationCache(max_entries=100, max_bytes=20_000)
     for n in range(10):
-        cache.store("m", [[n]], GREEDY, [hypotheses(n, alignment_bytes=4000)])
+        cache.store(("m", ""), [[n]], GREEDY, [hypotheses(n, alignment_bytes=4000)])
         assert cache.bytes <= 20_000
     assert 0 < len(cache) < 10
-    cache.store("m", [[99]], GREEDY, [hypotheses(99, alignment_bytes=40_000)])
-    assert cache.lookup("m", [[99]], GREEDY) == [None]
+    cache.store(("m", ""), [[99]], GREEDY, [hypotheses(99, alignment_bytes=40_000)])
+    assert cache.lookup(("m", ""), [[99]], GREEDY) == [None]
 
 
 @pytest.mark.parametrize("entries, size", [(0, 10**6), (10, 0)])
 def test_zero_turns_it_off(entries: int, size: int):
     cache = TranslationCache(entries, size)
-    cache.store("m", [[1]], GREEDY, [hypotheses(1)])
-    assert cache.lookup("m", [[1]], GREEDY) == [None] and len(cache) == 0
+    cache.store(("m", ""), [[1]], GREEDY, [hypotheses(1)])
+    assert cache.lookup(("m", ""), [[1]], GREEDY) == [None] and len(cache) == 0
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +98,16 @@ def test_answers_with_the_cache_equal_answers_without_it(clients):
     first = cached.post("/v1/translate", json=body).json()  # "Il pleut." twice: one miss
     again = cached.post("/v1/translate", json=body).json()  # all hits
     assert first == again == reference
-    hits = sample(cached, "nmt_cache_lookups_total", {"model": "fr-en", "result": "hit"})
+    hits = sample(
+        cached, "nmt_cache_lookups_total", {"model": "fr-en", "version": "", "result": "hit"}
+    )
     assert hits == 4  # the second request's 4 sentences
-    assert sample(uncached, "nmt_cache_lookups_total", {"model": "fr-en", "result": "hit"}) == 0
+    assert (
+        sample(
+            uncached, "nmt_cache_lookups_total", {"model": "fr-en", "version": "", "result": "hit"}
+        )
+        == 0
+    )
 
 
 def test_hits_skip_the_queue_and_the_engine(clients):
@@ -110,7 +117,7 @@ def test_hits_skip_the_queue_and_the_engine(clients):
         "source_lang": "fr",
         "target_lang": "en",
     }
-    model = {"model": "fr-en"}
+    model = {"model": "fr-en", "version": ""}
     cached.post("/v1/translate", json=body)
     before = sample(cached, "nmt_batch_joined_sentences_total", model)
     assert before > 0  # the first request reached the engine
@@ -124,7 +131,7 @@ def test_a_sentence_repeated_in_one_request_is_decoded_once(clients, use_cache: 
     """64 copies of one sentence cost the engine one sentence, whether the cache is on or not
     (the hostile-input run's slowest requests were such lists)."""
     client = clients[0 if use_cache else 1]
-    model = {"model": "fr-en"}
+    model = {"model": "fr-en", "version": ""}
     text = "Un garçon saute dans une piscine bleue."
     before = sample(client, "nmt_batch_joined_sentences_total", model)
     body = {"text": [text] * 64, "source_lang": "fr", "target_lang": "en", "beam_size": 2}

@@ -162,7 +162,7 @@ class Harness:
         self.metrics = Metrics()
         self.admission = DeadlineAdmission()  # what the loop measured, for the tests to read
         self.loop = DecodingLoop(
-            "fr-en",
+            ("fr-en", ""),
             new_batch,
             BatchLimits(**limits),
             self.metrics,
@@ -194,7 +194,9 @@ class Harness:
         await asyncio.sleep(0)
 
     def metric(self, name: str, **labels) -> float:
-        value = self.metrics.registry.get_sample_value(name, {"model": "fr-en", **labels})
+        value = self.metrics.registry.get_sample_value(
+            name, {"model": "fr-en", "version": "", **labels}
+        )
         return value or 0.0
 
 

@@ -31,7 +31,7 @@ def scheduler_for(translator: Translator, together: bool = True, **limits) -> De
     """As the service makes it; `together`: small batches of different beam sizes step
     together (the service's way), else always apart."""
     return DecodingLoop(
-        "fr-en",
+        ("fr-en", ""),
         lambda beams: running_batch(translator.engine, beams),
         BatchLimits(**limits),
         step_together=step_together if together else None,

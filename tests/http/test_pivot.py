@@ -1,0 +1,143 @@
+"""Translating through English: fr -> de with only fr-en and en-de served. The "en-de" model is
+the fr-en model served under another pair (only the chaining is tested), so the answer must be
+exactly the two models applied one after the other by hand, sentence by sentence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.runtime.bundle import load_bundle
+from service.runtime.search import SearchOptions
+from service.runtime.sessions import EngineOptions
+from service.runtime.translator import Translator
+from service.serving.pivot import piece_overlap
+from service.serving.settings import Settings
+from tests.http.in_process import pair_bundle, start
+
+TEXTS = ["Un homme fait du vélo. Il pleut.", "Deux chiens jouent dans la neige.", "", "!!"]
+
+
+@pytest.fixture(scope="module")
+def client(fr_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("pivot")
+    (folder / "fr-en").symlink_to(fr_en_bundle, target_is_directory=True)
+    pair_bundle(fr_en_bundle, folder / "en-de", "en", "de")
+    client = start(Settings(model_dir=folder, threads=1, warmup=False, cache_entries=0))
+    yield client
+    client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def translator(fr_en_bundle: Path) -> Translator:
+    return Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
+
+
+def by_hand(translator: Translator, sentences: list[str], beam: int) -> list[str]:
+    options = SearchOptions(beam_size=beam)
+    return [t.text for t in translator.translate(sentences, options)]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_fr_de_equals_the_two_models_chained_by_hand(
+    client: TestClient, translator: Translator, beam: int
+):
+    answer = client.post(
+        "/v1/translate",
+        json={"text": TEXTS, "source_lang": "fr", "target_lang": "de", "beam_size": beam},
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["pivot"] == "en" and body["model"] == "fr-en+en-de"
+    # By hand, sentence by sentence (the service splits the first text in two).
+    english = by_hand(translator, ["Un homme fait du vélo.", "Il pleut."], beam)
+    german = by_hand(translator, english, beam)
+    assert body["translations"][0]["text"] == " ".join(german)
+    (english,) = by_hand(translator, ["Deux chiens jouent dans la neige."], beam)
+    assert body["translations"][1]["text"] == by_hand(translator, [english], beam)[0]
+    assert [t["text"] for t in body["translations"][2:]] == ["", "!!"]
+
+
+def test_the_alignment_through_english_is_the_product_of_the_two(client: TestClient):
+    text = "Deux chiens jouent dans la neige."
+    through = client.post(
+        "/v1/translate",
+        json={"text": text, "source_lang": "fr", "target_lang": "de", "return_alignment": True},
+    ).json()
+    first = client.post(
+        "/v1/translate",
+        json={"text": text, "source_lang": "fr", "target_lang": "en", "return_alignment": True},
+    ).json()
+    english = first["translations"][0]["text"]
+    second = client.post(
+        "/v1/translate",
+        json={"text": english, "source_lang": "en", "target_lang": "de", "return_alignment": True},
+    ).json()
+    (a1,) = first["translations"][0]["alignment"]
+    (a2,) = second["translations"][0]["alignment"]
+    (composed,) = through["translations"][0]["alignment"]
+    assert composed["source_tokens"] == a1["source_tokens"]
+    assert composed["target_tokens"] == a2["target_tokens"]
+    # One tokenizer on both legs: the English pieces are the same, so the bridge matches
+    # piece to piece (and </s> to </s>), by position.
+    w1, w2 = np.array(a1["weights"]), np.array(a2["weights"])
+    assert a2["source_tokens"][:-1] == a1["target_tokens"][: len(a2["source_tokens"]) - 1]
+    bridge = np.zeros((w2.shape[1], w1.shape[0]))
+    for i in range(w2.shape[1] - 1):
+        bridge[i, i] = 1.0
+    bridge[-1, -1] = 1.0  # </s> of the second leg's source: </s> of the first leg's output
+    expected = w2 @ bridge @ w1
+    assert np.allclose(np.array(composed["weights"]), expected, atol=2e-3)
+    # Words and the hard alignment from the composed weights, as for a direct pair.
+    assert composed["source_words"] == a1["source_words"]
+    assert composed["target_words"] == a2["target_words"]
+    assert len(composed["word_alignment"]) == len(composed["target_words"])
+
+
+def test_pieces_of_two_tokenizers_are_bridged_by_shared_characters():
+    # "▁chiens" vs "▁chi" "ens": two cuts of one text.
+    overlap = piece_overlap(["▁chi", "ens", "▁noirs", "</s>"], ["▁chiens", "▁noir", "s", "</s>"])
+    expected = [[1, 0, 0, 0], [1, 0, 0, 0], [0, 0.8, 0.2, 0], [0, 0, 0, 1]]
+    assert np.allclose(overlap, expected)
+
+
+def test_pivot_pairs_are_listed_and_refused_pairs_name_them(client: TestClient):
+    languages = {entry["code"]: entry["targets"] for entry in client.get("/languages").json()}
+    assert languages == {"fr": ["de", "en"], "en": ["de"]}
+    unknown = client.post(
+        "/v1/translate", json={"text": "x", "source_lang": "de", "target_lang": "fr"}
+    )
+    assert unknown.status_code == 404
+    assert "supported pairs: en-de, fr-de, fr-en" in unknown.json()["detail"]
+
+
+def test_libretranslate_and_markup_go_through_the_pivot_too(
+    client: TestClient, translator: Translator
+):
+    plain = client.post("/translate", json={"q": "Il pleut.", "source": "fr", "target": "de"})
+    assert plain.status_code == 200
+    expected = by_hand(translator, by_hand(translator, ["Il pleut."], 4), 4)[0]
+    assert plain.json()["translatedText"] == expected
+    html = client.post(
+        "/translate",
+        json={"q": "Un <b>chien</b> court.", "source": "fr", "target": "de", "format": "html"},
+    )
+    assert html.status_code == 200, html.text
+    assert html.json()["translatedText"].count("<b>") == 1
+
+
+def test_a_glossary_cannot_be_applied_through_a_pivot(client: TestClient):
+    answer = client.post(
+        "/v1/translate",
+        json={
+            "text": "Un chien.",
+            "source_lang": "fr",
+            "target_lang": "de",
+            "glossary": [{"source": "chien", "target": "Hund"}],
+        },
+    )
+    assert answer.status_code == 422
+    assert "goes through en" in answer.text
