@@ -58,8 +58,22 @@ def libre(client: TestClient, content: bytes | str):
         "a" + " " * 1_000_000 + "b",  # a run of spaces with no line break
         "A. " * 300_000,  # initials: the abbreviation check used to re-split the whole line
         ".)" * 500_000,
+        "。" * 1_000_000,  # CJK ends need no space after them: every one is a candidate
+        "。」" * 500_000,
+        "3. " * 300_000,  # ordinals
+        "a।" * 500_000,
     ],
-    ids=["dots", "marks", "spaces", "initials", "closers"],
+    ids=[
+        "dots",
+        "marks",
+        "spaces",
+        "initials",
+        "closers",
+        "cjk",
+        "cjk-closers",
+        "ordinals",
+        "danda",
+    ],
 )
 def test_the_splitter_is_linear_on_pathological_runs(text: str):
     """Linear time is about 0.1 s for these; the quadratic splitter took hours (5,000 dots took

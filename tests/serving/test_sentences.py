@@ -24,6 +24,22 @@ from service.serving.sentences import split_sentences
         ("Dr. Martin arrive.", ["Dr. Martin arrive."]),
         # A line break always ends a sentence, punctuation or not.
         ("Titre\nUn homme marche", ["Titre", "Un homme marche"]),
+        # Other languages a multilingual model serves.
+        ("¿Qué tal? Bien. Sr. García llega.", ["¿Qué tal?", "Bien.", "Sr. García llega."]),
+        (
+            "Am 3. Oktober war es kalt. Hr. Müller kam.",
+            ["Am 3. Oktober war es kalt.", "Hr. Müller kam."],
+        ),
+        ("Привет. Как дела?", ["Привет.", "Как дела?"]),
+        # Scripts without case: any letter may start a sentence.
+        ("यह एक वाक्य है। यह दूसरा है।", ["यह एक वाक्य है।", "यह दूसरा है।"]),
+        ("هل أنت بخير؟ نعم، شكرا.", ["هل أنت بخير؟", "نعم، شكرا."]),
+        ("שלום. מה שלומך?", ["שלום.", "מה שלומך?"]),
+        # Chinese and Japanese end sentences with no space after them.
+        ("今日は晴れです。明日は雨でしょう。", ["今日は晴れです。", "明日は雨でしょう。"]),
+        ("他说：“你好。”我们走吧！好吗？", ["他说：“你好。”", "我们走吧！", "好吗？"]),
+        # Not ends: a decimal point, a period inside a word.
+        ("3.14 est pi. Et x.y aussi.", ["3.14 est pi.", "Et x.y aussi."]),
     ],
 )
 def test_split(text: str, sentences: list[str]):
@@ -49,6 +65,12 @@ def test_empty_or_blank_text_has_no_sentence(text: str):
 def test_join_refuses_a_wrong_number_of_translations():
     with pytest.raises(ValueError, match="1 translations for 2 sentences"):
         split_sentences("Un. Deux.").join(["One."])
+
+
+def test_cjk_sentences_are_rejoined_without_a_space():
+    split = split_sentences("今日は晴れです。明日は雨でしょう。")
+    assert split.separators == [""]
+    assert split.join(["It is sunny.", "It will rain."]) == "It is sunny.It will rain."
 
 
 def test_blank_lines_inside_a_text_are_separators_not_sentences():
