@@ -243,44 +243,58 @@ def _add_db(subparsers: argparse._SubParsersAction) -> None:
     )
 
 
-def _cmd_import_marian(args: argparse.Namespace) -> int:
-    from export.marian import MarianInteropError, import_marian
+def _cmd_import_hf(args: argparse.Namespace) -> int:
+    from export.hf import InteropError, import_hf
 
     try:
-        config = import_marian(
+        config = import_hf(
             args.hf_dir, args.out, args.source_lang, args.target_lang, args.description
         )
-    except MarianInteropError as error:
-        print(f"nmt import-marian: {error}", file=sys.stderr)
+    except InteropError as error:
+        print(f"nmt {args.command}: {error}", file=sys.stderr)
         return 2
     print(json.dumps({"out": str(args.out), "config": dataclasses.asdict(config)}))
     return 0
 
 
 def _cmd_export_marian(args: argparse.Namespace) -> int:
-    from export.marian import MarianInteropError, export_marian
+    from export.hf import InteropError
+    from export.marian import export_marian
 
     try:
         print(json.dumps(export_marian(args.checkpoint, args.out)))
-    except MarianInteropError as error:
+    except InteropError as error:
         print(f"nmt export-marian: {error}", file=sys.stderr)
         return 2
     return 0
 
 
 def _add_marian(subparsers: argparse._SubParsersAction) -> None:
-    import_marian = subparsers.add_parser(
-        "import-marian",
-        help="a local Hugging Face Marian directory (opus-mt) -> our model directory",
+    import_hf = subparsers.add_parser(
+        "import-hf",
+        aliases=["import-marian"],
+        help="a local Hugging Face directory (Marian/opus-mt, M2M-100, NLLB, mBART-50) -> our "
+        "model directory",
+        description="The family is read from config.json: MarianMTModel, "
+        "M2M100ForConditionalGeneration (M2M100Tokenizer or NllbTokenizer), "
+        "MBartForConditionalGeneration (MBart50Tokenizer). `nmt export` then makes the bundle.",
     )
-    import_marian.add_argument("--hf-dir", type=Path, required=True, help="HF Marian directory")
-    import_marian.add_argument("--out", type=Path, required=True, help="model directory to write")
-    import_marian.add_argument("--source-lang", help="default: from tokenizer_config.json")
-    import_marian.add_argument("--target-lang", help="default: from tokenizer_config.json")
-    import_marian.add_argument(
+    import_hf.add_argument("--hf-dir", type=Path, required=True, help="HF model directory")
+    import_hf.add_argument("--out", type=Path, required=True, help="model directory to write")
+    import_hf.add_argument(
+        "--source-lang",
+        help="the source language (a multilingual model's default one; default: from "
+        "tokenizer_config.json)",
+    )
+    import_hf.add_argument(
+        "--target-lang",
+        help="the target language (a multilingual model's default one; default: from "
+        "tokenizer_config.json)",
+    )
+    import_hf.add_argument(
         "--description",
         help="what the model was trained on and is for (written to description.txt; default: "
-        "its name and the training data its README.md names)",
+        "its name and what its README.md says)",
     )
 
     export_marian = subparsers.add_parser(
@@ -414,7 +428,8 @@ COMMANDS = {
     "serve": _cmd_serve,
     "models": _cmd_models,
     "db": _cmd_db,
-    "import-marian": _cmd_import_marian,
+    "import-hf": _cmd_import_hf,
+    "import-marian": _cmd_import_hf,
     "export-marian": _cmd_export_marian,
 }
 

@@ -1,8 +1,9 @@
 """What the offline side (`export/`, torch) and the runtime (`service/runtime/`, no torch) must
 agree on, written once and imported by both. They meet only at the bundle on disk; this module
 is that meeting point's specification: its format number, the names of the per-layer tensors,
-the checksum, how long a translation may get, what a search returns, and how a language code
-token is read. Torch-free and ONNX-free, so either side can import it.
+the checksum, how long a translation may get, what a search returns, how a language code
+token is read, and how a multilingual bundle names its languages (Languages). Torch-free and
+ONNX-free, so either side can import it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,94 @@ def split_language_code(text: str) -> tuple[list[str], str]:
     if text.startswith(">>") and (end := text.find("<<")) != -1:
         return [text[: end + 2]], text[end + 2 :]
     return [], text
+
+
+class UnknownLanguage(ValueError):
+    """A language the bundle does not translate from or to (the message lists those it does)."""
+
+
+# Where a multilingual model wants the source language's token (Languages.source_token).
+SOURCE_TOKEN_PLACES = ("prefix", "suffix")
+# How it is told the target language (Languages.target_token): its token is the first one
+# written, forced (Hugging Face's forced_bos_token_id).
+TARGET_TOKEN_WAYS = ("forced",)
+
+
+@dataclass(frozen=True)
+class Languages:
+    """A multilingual bundle's languages (M2M-100, NLLB, mBART-50), and how a sentence names
+    them: each language has a token of the vocabulary, the same on both sides. bundle.json's
+    "languages" section; a bilingual bundle has none.
+
+    * The source: its language's token goes before the sentence's pieces ("prefix":
+      [lang, pieces..., </s>]: M2M-100, mBART-50, NLLB) or after their </s> ("suffix":
+      [pieces..., </s>, lang]: NLLB's legacy placement, `legacy_behaviour`).
+    * The target ("forced"): decoding starts from decoder_start as for any bundle, and the
+      first token written is the target language's, forced with log-prob 0 (as Hugging Face's
+      forced_bos_token_id). It counts as a produced token (for the length limit and the
+      length penalty) and is no part of the text.
+
+    Every language is both a source and a target: the bundle translates every ordered pair of
+    two different ones.
+    """
+
+    tokens: dict[str, int]  # our language code ("fr", "zh-Hant") -> the id of its token
+    model_codes: dict[str, str]  # our language code -> the model's own ("fra_Latn", "__fr__")
+    source_token: str = "prefix"
+    target_token: str = "forced"
+
+    def __post_init__(self) -> None:
+        if self.source_token not in SOURCE_TOKEN_PLACES:
+            raise ValueError(f"source_token must be one of {SOURCE_TOKEN_PLACES}")
+        if self.target_token not in TARGET_TOKEN_WAYS:
+            raise ValueError(f"target_token must be one of {TARGET_TOKEN_WAYS}")
+
+    @property
+    def codes(self) -> list[str]:
+        """Our codes of the languages, in the model's order."""
+        return list(self.tokens)
+
+    @property
+    def token_ids(self) -> frozenset[int]:
+        """Every language token: ids that are never text."""
+        return frozenset(self.tokens.values())
+
+    def token_of(self, language: str) -> int:
+        if language not in self.tokens:
+            raise UnknownLanguage(
+                f"no language {language!r} in this model; it has {', '.join(self.tokens)}"
+            )
+        return self.tokens[language]
+
+    def source_ids(self, ids: list[int], language: str) -> list[int]:
+        """A source sentence's ids (its pieces' ids and </s>) -> the ids the encoder reads,
+        with the language's token where the model wants it."""
+        token = self.token_of(language)
+        return [token, *ids] if self.source_token == "prefix" else [*ids, token]
+
+    def forced_target(self, language: str) -> int:
+        """The first token a translation into `language` must write (log-prob 0)."""
+        return self.token_of(language)
+
+    def to_manifest(self) -> dict:
+        return {
+            "source_token": self.source_token,
+            "target_token": self.target_token,
+            "tokens": {
+                code: {"code": self.model_codes[code], "id": token}
+                for code, token in self.tokens.items()
+            },
+        }
+
+    @classmethod
+    def from_manifest(cls, section: dict) -> Languages:
+        tokens = section["tokens"]
+        return cls(
+            tokens={code: int(entry["id"]) for code, entry in tokens.items()},
+            model_codes={code: str(entry["code"]) for code, entry in tokens.items()},
+            source_token=section["source_token"],
+            target_token=section["target_token"],
+        )
 
 
 def join_marian_pieces(target_model: Any, pieces: list[str]) -> str:

@@ -6,7 +6,10 @@ obviously-correct code over speed: every row stays in the batch until the end.
 Conventions shared with the engine (service/runtime/search.py), from nmt_contract:
 * a sentence may produce at most `length_limit(source_length)` tokens, </s> included;
 * a hypothesis' raw score is the sum of its tokens' log-probs (</s> included when it ended);
-* beam hypotheses are ranked by raw score / length ** length_penalty.
+* beam hypotheses are ranked by raw score / length ** length_penalty;
+* a forced token (a multilingual model's target-language token, first; </s> at the length
+  limit, for a model with force_eos_at_limit) is chosen with log-prob 0, as Hugging Face's
+  forced_bos_token_id and forced_eos_token_id choose it, and counts as a produced token.
 """
 
 from __future__ import annotations
@@ -23,6 +26,32 @@ def source_lengths(source_mask: torch.Tensor) -> list[int]:
     return [int(n) for n in source_mask.sum(dim=1)]
 
 
+def _forced(
+    log_probs: torch.Tensor,
+    step: int,
+    limits: list[int],
+    first_tokens: list[int] | None,
+    eos_at_limit: int | None,
+) -> torch.Tensor:
+    """A step's log-probs [rows, V] with the forced words: a row's first token (step 0) is
+    its first_tokens entry, and its last (at its limit) eos_at_limit, each with log-prob 0
+    and every other word -inf. Rows are those of `limits` (a row's limit, one per row)."""
+    forced = [None] * len(limits)
+    if first_tokens is not None and step == 0:
+        forced = list(first_tokens)
+    if eos_at_limit is not None:
+        at_limit = [step + 1 >= limit for limit in limits]
+        forced = [eos_at_limit if end else f for f, end in zip(forced, at_limit, strict=True)]
+    if all(f is None for f in forced):
+        return log_probs
+    log_probs = log_probs.clone()
+    for row, token in enumerate(forced):
+        if token is not None:
+            log_probs[row] = -math.inf
+            log_probs[row, token] = 0.0
+    return log_probs
+
+
 @torch.no_grad()
 def greedy_search(
     model: Transformer,
@@ -30,9 +59,12 @@ def greedy_search(
     source_mask: torch.Tensor,
     max_length: int = 256,
     length_penalty: float = 1.0,
+    first_tokens: list[int] | None = None,
 ) -> list[Hypothesis]:
-    """source_ids, source_mask [B, S] -> one hypothesis per row, in order."""
+    """source_ids, source_mask [B, S] -> one hypothesis per row, in order. `first_tokens`:
+    each row's forced first token (a multilingual model's target language), or None."""
     config = model.config
+    eos_at_limit = config.eos_id if config.force_eos_at_limit else None
     batch = source_ids.shape[0]
     limits = [
         length_limit(n, max_length, config.max_positions) for n in source_lengths(source_mask)
@@ -49,6 +81,7 @@ def greedy_search(
     for step in range(max(limits)):
         logits, past, _ = model.decode(last, past, cross, source_mask)
         step_log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # [B, V]
+        step_log_probs = _forced(step_log_probs, step, limits, first_tokens, eos_at_limit)
         best = step_log_probs.argmax(dim=-1)  # [B]
         for row in list(open_rows):
             token = int(best[row])
@@ -76,8 +109,10 @@ def beam_search(
     length_penalty: float = 1.0,
     n_best: int = 1,
     max_length: int = 256,
+    first_tokens: list[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """source_ids, source_mask [B, S] -> for each row, its n_best hypotheses, best first.
+    `first_tokens`: each row's forced first token (a multilingual model's target language).
 
     Each step ranks the 2K best continuations of the K open beams of a sentence. A candidate
     ending in </s> among the first K is finished; the best K others stay open. A sentence is
@@ -93,6 +128,9 @@ def beam_search(
     limits = [
         length_limit(n, max_length, config.max_positions) for n in source_lengths(source_mask)
     ]
+    eos_at_limit = config.eos_id if config.force_eos_at_limit else None
+    row_limits = [limit for limit in limits for _ in range(width)]  # [B*K]
+    row_firsts = None if first_tokens is None else [t for t in first_tokens for _ in range(width)]
 
     # Every sentence gets K rows: row b*K + k is beam k of sentence b.
     source_mask_k = source_mask.repeat_interleave(width, dim=0)  # [B*K, S]
@@ -111,6 +149,7 @@ def beam_search(
         length = step + 1
         logits, past, _ = model.decode(last[:, None], past, cross, source_mask_k)
         step_log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # [B*K, V]
+        step_log_probs = _forced(step_log_probs, step, row_limits, row_firsts, eos_at_limit)
         vocab = step_log_probs.shape[-1]
         candidates = (scores[:, :, None] + step_log_probs.view(batch, width, vocab)).view(batch, -1)
         top_scores, top_index = candidates.topk(2 * width, dim=-1)  # [B, 2K]

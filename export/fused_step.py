@@ -25,7 +25,11 @@ length), forced_ids [B, F], past_* buffers and cross_* keys/values; with a short
 vocabulary [C] and output_projection [D, C]. Outputs: top_log_probs and top_ids [B, k],
 forced_log_probs [B, F] (the log-probs of the words forced_ids names: what a constrained
 search scores), alignment [B, S], attention_i [B, H, S] and present_* (the same buffers).
-Tests hold this graph to the torch model (tests/export/test_fused_step.py).
+The model's family options (export/model/config.py) are the same nodes in another order:
+pre-norm normalizes each sub-layer's input instead of the residual sum (_sublayer_input,
+_residual), and the embedding and final LayerNorms, the position table and the output
+projection are whichever the model has. Tests hold this graph to the torch model
+(tests/export/test_fused_step.py), for every family's options.
 
 Shapes: B rows, K rows per source (beams), S source length, D model width, H heads,
 Dh = D / H, V vocabulary, C candidate words, L layers.
@@ -79,13 +83,15 @@ def _layer(
     """One decoder layer over one new position per row: x [B, 1, D] -> [B, 1, D]."""
     p = f"layer{i}"
     heads = layer.self_attn.n_heads
+    pre_norm = layer.pre_norm
 
     # Self-attention. The new position's query, key and value in one matmul: [B, 1, 3D].
     attn = layer.self_attn
     qkv_weight = np.concatenate(
         [_weight(attn.q_proj), _weight(attn.k_proj), _weight(attn.v_proj)], 1
     )
-    qkv = g.one("MatMul", [x, g.constant(f"{p}.self.qkv.weight", qkv_weight)], f"{p}.self.qkv")
+    h = _sublayer_input(g, x, layer.self_attn_layer_norm, f"{p}.self", pre_norm)
+    qkv = g.one("MatMul", [h, g.constant(f"{p}.self.qkv.weight", qkv_weight)], f"{p}.self.qkv")
     qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
     mixed = _self_attention(g, i, heads, qkv, qkv_bias, masks)
     out = g.one(
@@ -93,14 +99,15 @@ def _layer(
         [mixed, g.constant(f"{p}.self.out.weight", _weight(attn.out_proj))],
         f"{p}.self.out",
     )
-    x = _add_and_norm(g, out, attn.out_proj.bias, x, layer.self_attn_layer_norm, f"{p}.self")
+    x = _residual(g, out, attn.out_proj.bias, x, layer.self_attn_layer_norm, f"{p}.self", pre_norm)
 
     # Cross-attention: queries from the target, keys/values of the source from encoder.onnx.
     # The K rows of a source are K queries against its one copy: [B, 1, D] -> [B/K, K, D].
     attn = layer.cross_attn
+    h = _sublayer_input(g, x, layer.cross_attn_layer_norm, f"{p}.cross", pre_norm)
     q = g.one(
         "MatMul",
-        [x, g.constant(f"{p}.cross.q.weight", _weight(attn.q_proj))],
+        [h, g.constant(f"{p}.cross.q.weight", _weight(attn.q_proj))],
         f"{p}.cross.q_nobias",
     )
     q = g.one("Add", [q, g.constant(f"{p}.cross.q.bias", attn.q_proj.bias)], f"{p}.cross.q")
@@ -118,7 +125,8 @@ def _layer(
         [mixed, g.constant(f"{p}.cross.out.weight", _weight(attn.out_proj))],
         f"{p}.cross.out",
     )
-    x = _add_and_norm(g, out, attn.out_proj.bias, x, layer.cross_attn_layer_norm, f"{p}.cross")
+    norm = layer.cross_attn_layer_norm
+    x = _residual(g, out, attn.out_proj.bias, x, norm, f"{p}.cross", pre_norm)
     # This layer's cross-attention weights, each row's own: [B/K, H, K, S] -> [B, H, S]
     weights = g.one("Softmax", [scores], f"{p}.cross.weights", axis=-1)
     weights = g.one("Transpose", [weights], f"{p}.cross.weights_by_row", perm=[0, 2, 1, 3])
@@ -126,11 +134,12 @@ def _layer(
 
     # Feed-forward.
     ffn = layer.ffn
-    hidden = g.one("MatMul", [x, g.constant(f"{p}.fc1.weight", _weight(ffn.fc1))], f"{p}.fc1")
+    h = _sublayer_input(g, x, layer.final_layer_norm, f"{p}.ffn", pre_norm)
+    hidden = g.one("MatMul", [h, g.constant(f"{p}.fc1.weight", _weight(ffn.fc1))], f"{p}.fc1")
     hidden = g.one("Add", [hidden, g.constant(f"{p}.fc1.bias", ffn.fc1.bias)], f"{p}.fc1_bias")
     hidden = _activation(g, ffn.activation.__name__, hidden, f"{p}.activation")
     out = g.one("MatMul", [hidden, g.constant(f"{p}.fc2.weight", _weight(ffn.fc2))], f"{p}.fc2")
-    return _add_and_norm(g, out, ffn.fc2.bias, x, layer.final_layer_norm, f"{p}.ffn")
+    return _residual(g, out, ffn.fc2.bias, x, layer.final_layer_norm, f"{p}.ffn", pre_norm)
 
 
 def _self_attention(
@@ -164,10 +173,22 @@ def _self_attention(
     )[0]
 
 
-def _add_and_norm(
-    g: _Graph, out: str, bias: torch.Tensor, residual: str, norm: torch.nn.LayerNorm, p: str
+def _sublayer_input(g: _Graph, x: str, norm: torch.nn.LayerNorm, p: str, pre_norm: bool) -> str:
+    """What a sub-layer reads: x (post-norm), or LayerNorm(x) (pre-norm)."""
+    return _layer_norm(g, x, norm, f"{p}.pre") if pre_norm else x
+
+
+def _residual(
+    g: _Graph,
+    out: str,
+    bias: torch.Tensor,
+    residual: str,
+    norm: torch.nn.LayerNorm,
+    p: str,
+    pre_norm: bool,
 ) -> str:
-    """Post-norm: LayerNorm(residual + out + bias), out being a sub-layer's projection.
+    """residual + out + bias, out being a sub-layer's projection; post-norm normalizes the sum
+    (LayerNorm(residual + out + bias)), pre-norm leaves it as it is.
 
     Written as Add, Add, LayerNormalization rather than ONNX Runtime's fused
     SkipLayerNormalization: at 128 rows its CPU kernel was measured 3x slower than the three
@@ -175,13 +196,13 @@ def _add_and_norm(
     fuse them back (SkipLayerNormFusion)."""
     out = g.one("Add", [out, g.constant(f"{p}.out.bias", bias)], f"{p}.out_biased")
     total = g.one("Add", [out, residual], f"{p}.residual")
+    return total if pre_norm else _layer_norm(g, total, norm, p)
+
+
+def _layer_norm(g: _Graph, x: str, norm: torch.nn.LayerNorm, p: str) -> str:
     return g.one(
         "LayerNormalization",
-        [
-            total,
-            g.constant(f"{p}.norm.weight", norm.weight),
-            g.constant(f"{p}.norm.bias", norm.bias),
-        ],
+        [x, g.constant(f"{p}.norm.weight", norm.weight), g.constant(f"{p}.norm.bias", norm.bias)],
         f"{p}.normed",
         axis=-1,
         epsilon=norm.eps,
@@ -203,7 +224,7 @@ def _top_k(g: _Graph, model: Transformer, x: str) -> None:
     x [B, D] -> top_log_probs, top_ids [B, k]."""
     logits = g.one(
         "MatMul",
-        [x, g.constant("output_projection", model.embed_tokens.weight.detach().T)],
+        [x, g.constant("output_projection", model.output_projection().detach().T)],
         "logits",
     )  # [B, V]
     if bool(model.final_logits_bias.any()):
@@ -274,16 +295,19 @@ def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.Mode
 
     # Embedding of the last token at each row's own position: [B, 1, D]
     scale = model.embed_scale
-    embeddings = model.embed_tokens.weight.detach() * scale
+    embeddings = model.token_embeddings("decoder").weight.detach() * scale
     tokens = g.one("Gather", [g.constant("embeddings_scaled", embeddings), "target_ids"], "tokens")
     row_positions = g.one("Unsqueeze", ["positions", int64("axis_1", [1])], "row_positions")
-    where = g.one(
-        "Gather", [g.constant("position_table", model.positions), row_positions], "position_signal"
-    )
+    table = g.constant("position_table", model.position_table("decoder"))
+    where = g.one("Gather", [table, row_positions], "position_signal")
     x = g.one("Add", [tokens, where], "embedded")
+    if (norm := model.embedding_norm("decoder")) is not None:
+        x = _layer_norm(g, x, norm, "embedding")
 
     for i, layer in enumerate(model.decoder_layers):
         x = _layer(g, i, layer, x, masks, shapes)
+    if (norm := model.stack_norm("decoder")) is not None:
+        x = _layer_norm(g, x, norm, "decoder")
 
     x = g.one("Reshape", [x, int64("shape_rows", [-1, dims])], "last_state")  # [B, D]
     if shortlist:

@@ -17,7 +17,18 @@ both sides agree on):
 * `*.int8.onnx`: the same graphs with dynamically quantized (int8) MatMul weights.
 * the tokenizer files and `bundle.json` (dimensions, special ids, tokenizer files by role,
   checksums, export settings). `tokenizer` is {"source", "target"}: SentencePiece models,
-  the same file for our joint model; plus "vocab" (piece -> id) for Marian imports.
+  the same file for our joint model; plus "vocab" (piece -> id) for Hugging Face imports,
+  and "target_vocab" for a model with separate vocabularies. `model.vocab_size` is the
+  target vocabulary (what a decoder step scores), `model.source_vocab_size` the source's.
+* a graph whose weights pass EXTERNAL_DATA_BYTES keeps them in one file beside it,
+  `NAME.onnx.data` (ONNX's external data; ONNX Runtime reads it from there), listed with its
+  checksum like any other file: a graph file is one protobuf message, which cannot pass
+  2 GB, and the decoder steps of NLLB-200 and mBART-50 (a 256k-word embedding, as input and
+  as output projection) do.
+* for a multilingual model (M2M-100, NLLB, mBART-50), bundle.json's `languages`: its
+  languages and their tokens, where the source's goes and that the target's is forced as the
+  first token written (nmt_contract.Languages). Its `source_lang` and `target_lang` are then
+  its default pair, and its `name` the model directory's.
 
 Keys and values travel per decoder layer, as inputs and outputs named
 `{past,present,cross}_{keys,values}_{layer}`, each [rows, H, length, Dh]. The cross-attention
@@ -39,7 +50,7 @@ import onnx
 import torch
 from torch import nn
 
-from export.checkpoint import load_model_dir, read_description
+from export.checkpoint import load_model_dir, read_description, read_languages
 from export.fused_step import fused_decoder_step
 from export.model.transformer import Transformer
 from nmt_contract import (
@@ -53,6 +64,9 @@ from nmt_contract import (
 log = logging.getLogger("nmt.export")
 
 OPSET = 18
+# Weights (bytes) above which a graph keeps them in NAME.onnx.data: well below protobuf's 2 GB,
+# as a graph has more than its weights.
+EXTERNAL_DATA_BYTES = 1 << 30
 
 
 class EncoderGraph(nn.Module):
@@ -77,13 +91,46 @@ def _example_sources(model: Transformer) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(3, model.config.vocab_size, (sources, length)), source_mask
 
 
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    return sum(len(tensor.raw_data) for tensor in model.graph.initializer)
+
+
+def _save_graph(model: onnx.ModelProto, path: Path) -> None:
+    """Write a graph, its weights in PATH.data when they are too many for one protobuf."""
+    if _weight_bytes(model) > EXTERNAL_DATA_BYTES:
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            convert_attribute=True,  # (Constant nodes' tensors too)
+        )
+    else:
+        onnx.save_model(model, str(path))
+
+
+def with_data_files(folder: Path, names: list[str]) -> list[str]:
+    """Graph file names and, after each that has one, its external data file's."""
+    return [
+        found
+        for name in names
+        for found in (name, name + ".data")
+        if found == name or (folder / found).is_file()
+    ]
+
+
 def _export(module: nn.Module, args: tuple, path: Path, names: dict, dynamic: dict) -> None:
+    """torch.onnx.export into a folder of its own (past 2 GB it writes a file per weight),
+    then the graph saved at `path` by _save_graph."""
+    exported = path.with_name(path.name + ".export")
+    exported.mkdir()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation chatter
         torch.onnx.export(
             module,
             args,
-            str(path),
+            str(exported / path.name),
             input_names=names["inputs"],
             output_names=names["outputs"],
             dynamic_axes=dynamic,
@@ -91,6 +138,8 @@ def _export(module: nn.Module, args: tuple, path: Path, names: dict, dynamic: di
             dynamo=False,
             do_constant_folding=True,
         )
+    _save_graph(onnx.load(str(exported / path.name)), path)
+    shutil.rmtree(exported)
     onnx.checker.check_model(str(path), full_check=True)
 
 
@@ -114,8 +163,8 @@ def export_graphs(model: Transformer, out_dir: Path) -> list[str]:
 
 
 def _save_fused_step(step: onnx.ModelProto, path: Path) -> None:
-    onnx.checker.check_model(step)  # no full check: ONNX has no schemas for contrib ops
-    onnx.save(step, str(path))
+    _save_graph(step, path)
+    onnx.checker.check_model(str(path))  # no full check: ONNX has no schemas for contrib ops
 
 
 def _export_shortlist(model: Transformer, checkpoint: Path, out_dir: Path) -> dict | None:
@@ -125,13 +174,18 @@ def _export_shortlist(model: Transformer, checkpoint: Path, out_dir: Path) -> di
     if not (checkpoint / SHORTLIST_FILE).is_file():
         return None
     vocab_size = model.config.vocab_size
+    if not model.config.share_encoder_decoder_embeddings:
+        raise ValueError(
+            f"{checkpoint} has a shortlist, but separate source and target vocabularies: "
+            "shortlists are for models with one shared vocabulary; remove it"
+        )
     if not Shortlist.load(checkpoint / SHORTLIST_FILE).fits(vocab_size):
         raise ValueError(
             f"{checkpoint / SHORTLIST_FILE} does not fit this model's {vocab_size} words "
             "(built for another vocabulary?): rebuild it with `nmt shortlist`"
         )
     shutil.copyfile(checkpoint / SHORTLIST_FILE, out_dir / SHORTLIST_FILE)
-    projection = model.embed_tokens.weight.detach().T.contiguous().numpy()  # [D, V]
+    projection = model.output_projection().detach().T.contiguous().numpy()  # [D, V]
     with open(out_dir / "output_projection.npy", "wb") as f:
         np.save(f, projection)
     _save_fused_step(fused_decoder_step(model, shortlist=True), out_dir / "decoder_shortlist.onnx")
@@ -150,6 +204,7 @@ def quantize_graph(fp32_path: Path, out: Path | None = None, per_channel: bool =
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     int8_path = out or fp32_path.with_suffix(".int8.onnx")
+    external = fp32_path.with_name(fp32_path.name + ".data").is_file()
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer's advice to pre-process is noise here
@@ -160,6 +215,7 @@ def quantize_graph(fp32_path: Path, out: Path | None = None, per_channel: bool =
             weight_type=QuantType.QInt8,
             op_types_to_quantize=["MatMul", "Gemm"],
             per_channel=per_channel,
+            use_external_data_format=external,  # (then in INT8_PATH.data)
             # The fused decoder's contrib operators have no shape inference: their outputs'
             # type is unknown to the quantizer, and it is float.
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
@@ -180,6 +236,10 @@ def export_bundle(
     directory's description.txt."""
     model, tokenizer = load_model_dir(checkpoint)
     config = model.config
+    languages = read_languages(checkpoint)
+    bundle_name = f"{config.source_lang}-{config.target_lang}"
+    if languages is not None:  # one bundle, many pairs: named after the model
+        bundle_name = Path(checkpoint).resolve().name
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
@@ -190,6 +250,10 @@ def export_bundle(
             files.append(shortlist["graph"])
         if int8:
             files += [quantize_graph(staging / name).name for name in files]
+        files = with_data_files(staging, files)
+        for file in files:  # (ONNX writes external data readable by its owner only)
+            if file.endswith(".data"):
+                shutil.copymode(staging / file.removesuffix(".data"), staging / file)
         if shortlist:
             files += [shortlist["file"], shortlist["projection"]]
         # Every tokenizer file under its own name, recorded by role ("source", "target", ...).
@@ -199,12 +263,13 @@ def export_bundle(
         files += sorted(set(tokenizer_files.values()))
         manifest = {
             "format": BUNDLE_FORMAT,
-            "name": f"{config.source_lang}-{config.target_lang}",
+            "name": bundle_name,
             "source_lang": config.source_lang,
             "target_lang": config.target_lang,
             "description": read_description(checkpoint) if description is None else description,
             "model": {
-                "vocab_size": config.vocab_size,
+                "vocab_size": config.target_vocab_size,
+                "source_vocab_size": config.vocab_size,
                 "d_model": config.d_model,
                 "n_heads": config.n_heads,
                 "head_dim": config.head_dim,
@@ -221,6 +286,7 @@ def export_bundle(
             # How the runtime must decode this model, beyond the length limit every bundle has.
             "decoding": {"force_eos_at_limit": config.force_eos_at_limit},
             "tokenizer": tokenizer_files,
+            **({"languages": languages.to_manifest()} if languages is not None else {}),
             "graphs": {
                 "encoder": "encoder.onnx",
                 "decoder": "decoder.onnx",

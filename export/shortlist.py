@@ -104,6 +104,13 @@ def shortlist_from_corpus(
     from export.tokenizer import VocabTokenizer
 
     config = ModelConfig.from_json(Path(model_dir) / "config.json")
+    if not config.share_encoder_decoder_embeddings:
+        # (nmt_contract.Shortlist has a row per source id and the runtime checks it against
+        # the one vocabulary size a bundle has had so far)
+        raise ValueError(
+            f"{model_dir} has separate source and target vocabularies: shortlists are built "
+            "for models with one shared vocabulary"
+        )
     tokenizer = load_tokenizer(Path(model_dir))
     sources, targets = read_parallel(
         Path(data_dir) / f"{prefix}.{config.source_lang}",
@@ -111,12 +118,7 @@ def shortlist_from_corpus(
     )
     source_ids = tokenizer.encode_batch(sources)
     if isinstance(tokenizer, VocabTokenizer):  # the target side has its own pieces
-        unk = tokenizer.unk_id
-        target_ids = [
-            [tokenizer.vocab.get(p, unk) for p in tokenizer.target.encode(t, out_type=str)]
-            + [tokenizer.eos_id]
-            for t in targets
-        ]
+        target_ids = [tokenizer.encode_target(t) for t in targets]
     else:
         target_ids = tokenizer.encode_batch(targets)
     specials = [config.pad_id, config.eos_id, config.unk_id, config.decoder_start_id]

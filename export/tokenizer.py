@@ -4,10 +4,13 @@ One joint vocabulary for both languages (the embeddings are tied across encoder,
 output, so source and target must share ids). Byte fallback means there are no unknown
 characters: a character never seen in training is spelled as its UTF-8 bytes.
 
-Imported Hugging Face Marian models (export/marian.py) come instead with two SentencePiece
-models, one per language, and a shared `vocab.json` that maps pieces to model ids: their ids
-are not the SentencePiece ids. `VocabTokenizer` reads that layout, the way `MarianTokenizer`
-does.
+Models imported from Hugging Face (export/hf/) come instead with SentencePiece models (one per
+side for Marian, one for both for M2M-100, NLLB and mBART-50) and a `vocab.json` that maps
+pieces to model ids: their ids are not the SentencePiece ids. `VocabTokenizer` reads that
+layout, the way `MarianTokenizer` and `M2M100Tokenizer` do; the importers write NLLB's and
+mBART-50's fairseq ids out into such a vocabulary. Marian tc-big models with separate
+vocabularies add `target_vocab.json`; multilingual models `languages.json` (their language
+tokens: nmt_contract.Languages).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from nmt_contract import join_marian_pieces, split_language_code
+from nmt_contract import Languages, join_marian_pieces, split_language_code
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
@@ -87,44 +90,81 @@ class Tokenizer:
 
 # Marian's file names: they are the same in our model directories and in bundles.
 SOURCE_SPM, TARGET_SPM, VOCAB_JSON = "source.spm", "target.spm", "vocab.json"
+TARGET_VOCAB_JSON = "target_vocab.json"  # a target vocabulary of its own (Marian tc-big)
+LANGUAGES_JSON = "languages.json"  # a multilingual model's language tokens
+
+
+def read_vocab(path: Path) -> dict[str, int]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 class VocabTokenizer:
-    """Separate source and target SentencePiece models, one piece -> id vocabulary (Marian).
+    """SentencePiece models cutting text into pieces, a piece -> id vocabulary (Marian, M2M-100,
+    NLLB, mBART-50), one per side when the model has separate vocabularies.
 
     Source text is cut into pieces by the source model; each piece is looked up in the vocab
-    (unknown pieces -> <unk>) and </s> is appended. Target ids become pieces through the same
-    vocab and are joined by the target model. Same behaviour as `MarianTokenizer`.
+    (unknown pieces -> <unk>) and </s> is appended; a multilingual model's source-language
+    token goes where the model wants it (`languages`). Target ids become pieces through the
+    target vocab and are joined by the target model; language tokens are no text. Same
+    behaviour as `MarianTokenizer` and `M2M100Tokenizer`.
     """
 
-    def __init__(self, source_model: Path, target_model: Path, vocab_path: Path) -> None:
+    def __init__(
+        self,
+        source_model: Path,
+        target_model: Path,
+        vocab_path: Path,
+        target_vocab_path: Path | None = None,
+        languages: Languages | None = None,
+        source_lang: str | None = None,
+    ) -> None:
         self.source = spm.SentencePieceProcessor(model_file=str(source_model))
         self.target = spm.SentencePieceProcessor(model_file=str(target_model))
-        self.vocab: dict[str, int] = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
-        self.piece_of = {i: piece for piece, i in self.vocab.items()}
-        missing = [p for p in ("</s>", "<unk>", "<pad>") if p not in self.vocab]
-        if missing:
-            raise ValueError(f"{vocab_path} lacks the special pieces {missing}")
+        self.vocab = read_vocab(vocab_path)
+        self.target_vocab = (
+            self.vocab if target_vocab_path is None else read_vocab(target_vocab_path)
+        )
+        # (target ids -> pieces: with one vocabulary, the source's pieces are the target's)
+        self.piece_of = {i: piece for piece, i in self.target_vocab.items()}
+        for path, vocab in ((vocab_path, self.vocab), (target_vocab_path, self.target_vocab)):
+            missing = [p for p in ("</s>", "<unk>", "<pad>") if p not in vocab]
+            if missing:
+                raise ValueError(f"{path} lacks the special pieces {missing}")
         self.eos_id, self.unk_id, self.pad_id = (self.vocab[p] for p in ("</s>", "<unk>", "<pad>"))
+        self.languages = languages
+        self.source_lang = source_lang  # a multilingual model's default source language
+        self.skipped = {self.pad_id, self.eos_id} | (languages.token_ids if languages else set())
         self._files = {"source": Path(source_model), "target": Path(target_model)}
         self._files["vocab"] = Path(vocab_path)
+        if target_vocab_path is not None:
+            self._files["target_vocab"] = Path(target_vocab_path)
 
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
 
     def pieces(self, text: str) -> list[str]:
-        code, text = split_language_code(text)
+        # (a multilingual Marian model's leading >>xx<< is a piece of its own; the families
+        # with language tokens have none)
+        code, text = split_language_code(text) if self.languages is None else ([], text)
         return code + self.source.encode(text, out_type=str)
 
-    def encode(self, text: str) -> list[int]:
-        return [*(self.vocab.get(p, self.unk_id) for p in self.pieces(text)), self.eos_id]
+    def encode(self, text: str, source_lang: str | None = None) -> list[int]:
+        ids = [*(self.vocab.get(p, self.unk_id) for p in self.pieces(text)), self.eos_id]
+        if self.languages is None:
+            return ids
+        return self.languages.source_ids(ids, source_lang or self.source_lang)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode(text) for text in texts]
+    def encode_batch(self, texts: list[str], source_lang: str | None = None) -> list[list[int]]:
+        return [self.encode(text, source_lang) for text in texts]
+
+    def encode_target(self, text: str) -> list[int]:
+        """A target text's ids, </s> last (what training and shortlists read)."""
+        pieces = self.target.encode(text, out_type=str)
+        return [*(self.target_vocab.get(p, self.unk_id) for p in pieces), self.eos_id]
 
     def decode(self, ids: Iterable[int]) -> str:
-        pieces = [self.piece_of.get(i, "<unk>") for i in ids if i not in (self.pad_id, self.eos_id)]
+        pieces = [self.piece_of.get(i, "<unk>") for i in ids if i not in self.skipped]
         return join_marian_pieces(self.target, pieces)
 
     @property

@@ -1,8 +1,15 @@
-"""The encoder-decoder Transformer, shaped like Marian (and Hugging Face's MarianMTModel).
+"""The encoder-decoder Transformer, shaped like Marian (and Hugging Face's MarianMTModel) by
+default:
 
 * post-norm: every sub-layer is `x = LayerNorm(x + Dropout(sublayer(x)))`;
 * sinusoidal positions, added to embeddings scaled by sqrt(d_model);
 * one embedding matrix shared by the encoder input, the decoder input and the output projection.
+
+The same network takes the shapes of the other families `nmt import-hf` reads, by options of
+its ModelConfig (see config.py for which family sets which): pre-norm sub-layers
+(`x = x + Dropout(sublayer(LayerNorm(x)))`) with a final LayerNorm after each stack, a
+LayerNorm over the embeddings, fairseq's offset sinusoidal or learned positions, and a decoder
+vocabulary of its own.
 
 Decoding one token at a time uses two caches (see attention.py for why they are valid):
 * `cross`: for every decoder layer, the cross-attention keys/values of the source, computed once
@@ -11,7 +18,7 @@ Decoding one token at a time uses two caches (see attention.py for why they are 
   written so far; `decode` returns them grown by the new positions.
 
 Shapes: B batch, S source length, T target (query) length, P past length, D model width,
-H heads, Dh head width, V vocabulary.
+H heads, Dh head width, V vocabulary (the target's, for the logits).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ DecoderCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
 
+SIDES = ("encoder", "decoder")
+
 
 def sinusoidal_table(max_positions: int, dim: int) -> torch.Tensor:
     """[max_positions, dim]: sines in the first half of the dimensions, cosines in the second.
@@ -41,6 +50,33 @@ def sinusoidal_table(max_positions: int, dim: int) -> torch.Tensor:
     frequencies = torch.pow(10000.0, -2.0 * torch.arange(dim // 2, dtype=torch.float64) / dim)
     angles = positions * frequencies[None, :]  # [max_positions, dim/2]
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).to(torch.float32)
+
+
+def fairseq_sinusoidal_table(max_positions: int, dim: int, first_row: int) -> torch.Tensor:
+    """[max_positions, dim]: fairseq's table (M2M-100, NLLB) from row `first_row` on.
+
+    Sines then cosines as Marian's, but with frequencies 10000^(-i/(dim/2 - 1)), a zero column
+    for an odd dim, and rows counted from 0 at the padding id: the first real position is
+    row pad_id + 1 (`first_row`). Computed in float32, step by step as fairseq and
+    transformers compute it, so that imported models see exactly the signal they were
+    trained with.
+    """
+    half = dim // 2
+    rate = math.log(10000) / (half - 1)
+    frequencies = torch.exp(torch.arange(half, dtype=torch.int64).float() * -rate)
+    rows = torch.arange(first_row + max_positions, dtype=torch.int64).float()
+    angles = rows[:, None] * frequencies[None, :]  # [first_row + max_positions, dim/2]
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    if dim % 2:
+        table = torch.cat([table, torch.zeros(len(table), 1)], dim=1)
+    return table[first_row:].contiguous()
+
+
+def computed_positions(config: ModelConfig) -> torch.Tensor:
+    """The position table [max_positions, D] of a model whose positions are computed."""
+    if config.positions == "sinusoidal":
+        return sinusoidal_table(config.max_positions, config.d_model)
+    return fairseq_sinusoidal_table(config.max_positions, config.d_model, config.pad_id + 1)
 
 
 class FeedForward(nn.Module):
@@ -55,30 +91,50 @@ class FeedForward(nn.Module):
         return self.fc2(self.activation_dropout(self.activation(self.fc1(x))))
 
 
-class EncoderLayer(nn.Module):
+class _Layer(nn.Module):
+    """Where a layer's LayerNorms sit around its sub-layers: after the residual sum
+    (post-norm, Marian) or on each sub-layer's input (pre-norm)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.pre_norm = config.pre_norm
+        self.dropout = nn.Dropout(config.dropout)
+
+    def sublayer_input(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+        """What a sub-layer reads: x itself (post-norm) or x normalized (pre-norm)."""
+        return norm(x) if self.pre_norm else x
+
+    def residual(self, norm: nn.LayerNorm, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """x plus a sub-layer's output, normalized (post-norm) or not (pre-norm)."""
+        x = x + self.dropout(out)
+        return x if self.pre_norm else norm(x)
+
+
+class EncoderLayer(_Layer):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
         self.self_attn = MultiHeadAttention(
             config.d_model, config.n_heads, config.attention_dropout
         )
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
         self.ffn = FeedForward(config)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, source_bias: torch.Tensor) -> torch.Tensor:
         """x [B, S, D], source_bias [B, 1, 1, S] -> [B, S, D]"""
         # Self-attention over the source: every source word looks at every other one.
-        queries = self.self_attn.project_queries(x)
-        keys, values = self.self_attn.project_keys_values(x)
+        h = self.sublayer_input(self.self_attn_layer_norm, x)
+        queries = self.self_attn.project_queries(h)
+        keys, values = self.self_attn.project_keys_values(h)
         attended, _ = self.self_attn.attend(queries, keys, values, source_bias)
-        x = self.self_attn_layer_norm(x + self.dropout(attended))
-        return self.final_layer_norm(x + self.dropout(self.ffn(x)))
+        x = self.residual(self.self_attn_layer_norm, x, attended)
+        h = self.sublayer_input(self.final_layer_norm, x)
+        return self.residual(self.final_layer_norm, x, self.ffn(h))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(_Layer):
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         self.self_attn = MultiHeadAttention(
             config.d_model, config.n_heads, config.attention_dropout
         )
@@ -89,7 +145,6 @@ class DecoderLayer(nn.Module):
         self.cross_attn_layer_norm = nn.LayerNorm(config.d_model)
         self.ffn = FeedForward(config)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
 
     def forward(
         self,
@@ -110,21 +165,23 @@ class DecoderLayer(nn.Module):
         """
         # Self-attention: the new positions look at the target written so far (and themselves).
         # Only the new positions are projected; earlier keys/values come from the cache.
-        queries = self.self_attn.project_queries(x)
-        new_keys, new_values = self.self_attn.project_keys_values(x)
+        h = self.sublayer_input(self.self_attn_layer_norm, x)
+        queries = self.self_attn.project_queries(h)
+        new_keys, new_values = self.self_attn.project_keys_values(h)
         keys = torch.cat([past[0], new_keys], dim=2)  # [B, H, P+T, Dh]
         values = torch.cat([past[1], new_values], dim=2)
         attended, _ = self.self_attn.attend(queries, keys, values, self_bias)
-        x = self.self_attn_layer_norm(x + self.dropout(attended))
+        x = self.residual(self.self_attn_layer_norm, x, attended)
 
         # Cross-attention: queries from the target side, keys/values from the source (cached).
         # The source may be shared by several rows (the K beams of a sentence in beam search):
         # then cross keys/values hold one copy per source, [B/K, H, S, Dh], and the K rows of
         # a source are simply K * T queries against it. Without sharing, K = 1.
         sources = cross[0].shape[0]
-        queries = self.cross_attn.project_queries(x.reshape(sources, -1, x.shape[-1]))
+        h = self.sublayer_input(self.cross_attn_layer_norm, x)
+        queries = self.cross_attn.project_queries(h.reshape(sources, -1, h.shape[-1]))
         attended, cross_weights = self.cross_attn.attend(queries, cross[0], cross[1], source_bias)
-        x = self.cross_attn_layer_norm(x + self.dropout(attended.reshape(x.shape)))
+        x = self.residual(self.cross_attn_layer_norm, x, attended.reshape(x.shape))
         # [B/K, H, K*T, S] -> [B, H, T, S]: each row's own weights again
         batch, length = x.shape[0], x.shape[1]
         heads, source_length = cross_weights.shape[1], cross_weights.shape[3]
@@ -134,27 +191,46 @@ class DecoderLayer(nn.Module):
             .reshape(batch, heads, length, source_length)
         )
 
-        x = self.final_layer_norm(x + self.dropout(self.ffn(x)))
+        h = self.sublayer_input(self.final_layer_norm, x)
+        x = self.residual(self.final_layer_norm, x, self.ffn(h))
         return x, (keys, values), cross_weights
 
 
 class Transformer(nn.Module):
+    """Parameter names (those an option adds in brackets): embed_tokens [decoder_embed_tokens],
+    [encoder_positions, decoder_positions], [encoder_embedding_norm, decoder_embedding_norm],
+    final_logits_bias, encoder_layers.N, decoder_layers.N, [encoder_layer_norm,
+    decoder_layer_norm]."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_id)
+        if not config.share_encoder_decoder_embeddings:
+            # The target words' own embeddings, tied to the output projection.
+            self.decoder_embed_tokens = nn.Embedding(
+                config.target_vocab_size, config.d_model, config.pad_id
+            )
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.register_buffer(
-            "positions", sinusoidal_table(config.max_positions, config.d_model), persistent=False
-        )
+        if config.positions == "learned":  # one table per side, trained with the model
+            self.encoder_positions = nn.Embedding(config.max_positions, config.d_model)
+            self.decoder_positions = nn.Embedding(config.max_positions, config.d_model)
+        else:  # computed, the same for both sides
+            self.register_buffer("positions", computed_positions(config), persistent=False)
+        if config.embedding_norm:
+            self.encoder_embedding_norm = nn.LayerNorm(config.d_model)
+            self.decoder_embedding_norm = nn.LayerNorm(config.d_model)
         # Marian adds a (frozen, usually zero) bias to the output logits; kept for imports.
-        self.register_buffer("final_logits_bias", torch.zeros(config.vocab_size))
+        self.register_buffer("final_logits_bias", torch.zeros(config.target_vocab_size))
         self.encoder_layers = nn.ModuleList(
             EncoderLayer(config) for _ in range(config.encoder_layers)
         )
         self.decoder_layers = nn.ModuleList(
             DecoderLayer(config) for _ in range(config.decoder_layers)
         )
+        if config.final_layer_norm:
+            self.encoder_layer_norm = nn.LayerNorm(config.d_model)
+            self.decoder_layer_norm = nn.LayerNorm(config.d_model)
         self.dropout = nn.Dropout(config.dropout)
         self.reset_parameters()
 
@@ -164,36 +240,73 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
         # Scaled by sqrt(D) on input, so start embeddings at ~1/sqrt(D) to keep inputs ~unit size.
-        nn.init.normal_(self.embed_tokens.weight, mean=0.0, std=self.config.d_model**-0.5)
-        with torch.no_grad():
-            self.embed_tokens.weight[self.config.pad_id].zero_()
+        shared = self.config.share_encoder_decoder_embeddings
+        for side in SIDES[:1] if shared else SIDES:
+            embeddings = self.token_embeddings(side).weight
+            nn.init.normal_(embeddings, mean=0.0, std=self.config.d_model**-0.5)
+            with torch.no_grad():
+                embeddings[self.config.pad_id].zero_()
+        if self.config.positions == "learned":
+            for side in SIDES:
+                nn.init.normal_(self.position_table(side), mean=0.0, std=0.02)
+
+    # The parts each side has of its own, or shares with the other.
+
+    def token_embeddings(self, side: str) -> nn.Embedding:
+        """[V, D] of the side's words (the target's are the output projection too)."""
+        if side == "decoder" and not self.config.share_encoder_decoder_embeddings:
+            return self.decoder_embed_tokens
+        return self.embed_tokens
+
+    def position_table(self, side: str) -> torch.Tensor:
+        """[max_positions, D]: row p is added to the token at position p."""
+        if self.config.positions == "learned":
+            return getattr(self, f"{side}_positions").weight
+        return self.positions
+
+    def embedding_norm(self, side: str) -> nn.LayerNorm | None:
+        return getattr(self, f"{side}_embedding_norm") if self.config.embedding_norm else None
+
+    def stack_norm(self, side: str) -> nn.LayerNorm | None:
+        """The LayerNorm after the side's last layer (final_layer_norm), or None."""
+        return getattr(self, f"{side}_layer_norm") if self.config.final_layer_norm else None
+
+    def output_projection(self) -> torch.Tensor:
+        """[V, D]: the target words' embeddings, tied to the output projection."""
+        return self.token_embeddings("decoder").weight
 
     def embed(
         self,
         ids: torch.Tensor,
+        side: str,
         first_position: int | torch.Tensor = 0,
         row_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """ids [B, T] -> scaled token embeddings plus positions [B, T, D].
+        """ids [B, T] -> scaled token embeddings plus positions [B, T, D] (normalized, with
+        embedding_norm), on the encoder's or the decoder's side.
 
         ids[:, 0] is at first_position in every row, or, for one decoder step (T = 1), at
         row_positions [B] (int64), one per row: rows that joined a running batch later are at
         earlier positions.
         """
         length = ids.shape[1]
+        table = self.position_table(side)  # [max_positions, D]
         if row_positions is not None:  # one decoder step: T = 1
-            positions = self.positions[row_positions].unsqueeze(1)  # [B, 1, D]
+            positions = table[row_positions].unsqueeze(1)  # [B, 1, D]
         else:
-            positions = self.positions[first_position : first_position + length][None]
-        return self.dropout(self.embed_tokens(ids) * self.embed_scale + positions)
+            positions = table[first_position : first_position + length][None]
+        x = self.token_embeddings(side)(ids) * self.embed_scale + positions
+        norm = self.embedding_norm(side)
+        return self.dropout(x if norm is None else norm(x))
 
     def encode(self, source_ids: torch.Tensor, source_mask: torch.Tensor) -> torch.Tensor:
         """source_ids [B, S], source_mask [B, S] (True = real token) -> encoder output [B, S, D]"""
         bias = padding_bias(source_mask)
-        x = self.embed(source_ids)
+        x = self.embed(source_ids, "encoder")
         for layer in self.encoder_layers:
             x = layer(x, bias)
-        return x
+        norm = self.stack_norm("encoder")
+        return x if norm is None else norm(x)
 
     def cross_keys_values(self, encoder_output: torch.Tensor) -> DecoderCache:
         """The source's keys/values for every decoder layer: computed once, reused every step."""
@@ -244,7 +357,7 @@ class Transformer(nn.Module):
             padding = padding_bias(torch.cat([past_mask, new], dim=1))  # [B, 1, 1, P+T]
             self_bias = padding if self_bias is None else self_bias + padding
         source_bias = padding_bias(source_mask)
-        x = self.embed(target_ids, past_length, positions)
+        x = self.embed(target_ids, "decoder", past_length, positions)
         present: DecoderCache = []
         layer_weights: list[torch.Tensor] = []  # per layer [B, H, T, S]
         for layer, layer_past, layer_cross in zip(self.decoder_layers, past, cross, strict=True):
@@ -253,7 +366,10 @@ class Transformer(nn.Module):
             )
             present.append(layer_present)
             layer_weights.append(cross_weights)
-        logits = x @ self.embed_tokens.weight.T + self.final_logits_bias  # [B, T, V]
+        norm = self.stack_norm("decoder")
+        if norm is not None:
+            x = norm(x)
+        logits = x @ self.output_projection().T + self.final_logits_bias  # [B, T, V]
         if all_attention:
             return logits, present, layer_weights  # per layer [B, H, T, S]
         return logits, present, layer_weights[-1].mean(dim=1)

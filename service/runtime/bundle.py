@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt_contract import BUNDLE_FORMAT, sha256_of
+from nmt_contract import BUNDLE_FORMAT, Languages, sha256_of
 
 
 class BundleError(Exception):
@@ -52,6 +52,14 @@ class Bundle:
         """A sentence that reaches its length limit ends with </s> (Hugging Face's
         forced_eos_token_id, kept from an imported Marian model)."""
         return bool(self.manifest.get("decoding", {}).get("force_eos_at_limit", False))
+
+    @property
+    def languages(self) -> Languages | None:
+        """A multilingual bundle's languages and how a sentence names them (language tokens:
+        nmt_contract.Languages); None for a bilingual bundle, whose pair is source_lang and
+        target_lang. A multilingual bundle's source_lang and target_lang are its default pair."""
+        section = self.manifest.get("languages")
+        return Languages.from_manifest(section) if section else None
 
     def graph(self, role: str, int8: bool = False) -> Path:
         """Path of a graph ("encoder", "decoder", "decoder_shortlist"), fp32 or int8."""

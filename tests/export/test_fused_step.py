@@ -2,8 +2,9 @@
 
 The engine-level tests in tests/runtime/test_engine.py decode through the bundle `nmt export`
 writes; these look at one step's every output directly, for each activation a model may use
-(Marian imports use swish), with beams sharing a source, a row with a shorter cache (it joined
-later) in a longer buffer, and an empty cache (the first step)."""
+(Marian imports use swish) and each family's shape (tests/export/shapes.py), with beams sharing
+a source, a row with a shorter cache (it joined later) in a longer buffer, and an empty cache
+(the first step)."""
 
 from __future__ import annotations
 
@@ -18,21 +19,21 @@ from export.model.config import ModelConfig  # noqa: E402
 from export.model.transformer import Transformer  # noqa: E402
 from nmt_contract import attention_output_names, layer_names  # noqa: E402
 from service.runtime.sessions import DISABLED_OPTIMIZERS, EngineOptions, session_options  # noqa: E402
+from tests.export.shapes import FAMILY_SHAPES, family_options  # noqa: E402
 
 LAYERS, HEADS, HEAD_DIM = 2, 4, 16
 
 
-def random_model(activation: str, seed: int) -> Transformer:
+def random_model(activation: str, seed: int, family: str = "marian") -> Transformer:
     torch.manual_seed(seed)
     config = ModelConfig(
-        vocab_size=300,
+        **({"activation": activation} | family_options(family, vocab=300)),
         d_model=HEADS * HEAD_DIM,
         n_heads=HEADS,
         ffn_dim=96,
         encoder_layers=1,
         decoder_layers=LAYERS,
         dropout=0.0,
-        activation=activation,
     )
     model = Transformer(config).eval()
     # Every parameter random, biases and layer norms too (initialization leaves them 0 and 1,
@@ -128,11 +129,11 @@ def assert_same_words(found: dict, expected: dict) -> None:
     assert clear.mean() > 0.5  # most of them are not near-ties: the check means something
 
 
+SHAPES = [(1, 1, 0, 5), (3, 2, 4, 7), (2, 4, 9, 3), (4, 1, 6, 11)]
+
+
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
-@pytest.mark.parametrize(
-    ("sources", "rows_per_source", "past", "source"),
-    [(1, 1, 0, 5), (3, 2, 4, 7), (2, 4, 9, 3), (4, 1, 6, 11)],
-)
+@pytest.mark.parametrize(("sources", "rows_per_source", "past", "source"), SHAPES)
 def test_the_step_gives_what_the_torch_model_gives_and_writes_one_position(
     activation: str, sources: int, rows_per_source: int, past: int, source: int
 ) -> None:
@@ -141,6 +142,21 @@ def test_the_step_gives_what_the_torch_model_gives_and_writes_one_position(
     row's new key and value written right after its own cache, and nothing else in the
     buffer touched."""
     model = random_model(activation, seed=past + source)
+    check_step(model, sources, rows_per_source, past, source)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILY_SHAPES if f != "marian"])
+@pytest.mark.parametrize(("sources", "rows_per_source", "past", "source"), SHAPES[:3])
+def test_every_family_shape_steps_as_its_torch_model(
+    family: str, sources: int, rows_per_source: int, past: int, source: int
+) -> None:
+    """Pre-norm, the final and embedding LayerNorms, offset and learned positions, a decoder
+    vocabulary of its own: the same nodes, wired as the torch model wires them."""
+    model = random_model("relu", seed=past + source, family=family)
+    check_step(model, sources, rows_per_source, past, source)
+
+
+def check_step(model: Transformer, sources: int, rows_per_source: int, past: int, source: int):
     feeds = step_inputs(sources, rows_per_source, past, source, seed=source)
     expected = torch_step(model, feeds)
     rows, capacity, garbage = sources * rows_per_source, past + 3, 1e3

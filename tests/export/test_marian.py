@@ -25,12 +25,8 @@ transformers = pytest.importorskip("transformers", reason="needs the bench extra
 import sentencepiece as spm  # noqa: E402
 
 from export.checkpoint import load_model_dir, save_model_dir  # noqa: E402
-from export.marian import (  # noqa: E402
-    MarianInteropError,
-    export_marian,
-    import_marian,
-    our_ids_to_marian,
-)
+from export.hf import InteropError, import_hf  # noqa: E402
+from export.marian import export_marian, our_ids_to_marian  # noqa: E402
 from export.model.config import ModelConfig  # noqa: E402
 from export.model.transformer import Transformer  # noqa: E402
 from export.onnx_export import export_bundle  # noqa: E402
@@ -223,7 +219,7 @@ def hf_tokenizer(marian_dir: Path):
 @pytest.fixture(scope="module")
 def imported(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("imported") / "xx-yy"
-    import_marian(marian_dir, out)
+    import_hf(marian_dir, out)
     return out
 
 
@@ -414,8 +410,8 @@ def _refusal_dir(marian_dir: Path, folder: Path, **changes) -> Path:
 )
 def test_unsupported_marian_configs_are_refused(marian_dir, tmp_path, changes, message):
     folder = _refusal_dir(marian_dir, tmp_path / "hf", **changes)
-    with pytest.raises(MarianInteropError, match=message):
-        import_marian(folder, tmp_path / "out")
+    with pytest.raises(InteropError, match=message):
+        import_hf(folder, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -426,8 +422,8 @@ def test_untied_embeddings_are_refused(marian_dir, tmp_path):
     weights = load_file(str(marian_dir / "model.safetensors"))
     weights["lm_head.weight"] = weights["model.shared.weight"] + 1.0
     save_file(weights, str(folder / "model.safetensors"))
-    with pytest.raises(MarianInteropError, match="untied embeddings"):
-        import_marian(folder, tmp_path / "out")
+    with pytest.raises(InteropError, match="untied embeddings"):
+        import_hf(folder, tmp_path / "out")
 
 
 # ----------------------------------------------------------------------------- export

@@ -8,13 +8,62 @@ torch = pytest.importorskip("torch")
 
 from export.model.config import ModelConfig  # noqa: E402
 from export.model.transformer import Transformer  # noqa: E402
+from tests.export.shapes import FAMILY_SHAPES, family_options  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def model() -> Transformer:
+@pytest.fixture(scope="module", params=list(FAMILY_SHAPES))
+def model(request: pytest.FixtureRequest) -> Transformer:
+    """The model in each family's shape: every property below holds for all of them."""
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=60, d_model=32, n_heads=4, ffn_dim=64, dropout=0.0)
-    return Transformer(config).eval()
+    options = family_options(request.param, vocab=60)
+    config = ModelConfig(d_model=32, n_heads=4, ffn_dim=64, dropout=0.0, **options)
+    model = Transformer(config).eval()
+    with torch.no_grad():  # LayerNorms that are not the identity, so that misplacing one shows
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.add_(0.2 * torch.randn(parameter.shape))
+    return model
+
+
+def test_the_default_model_is_marian_shaped_with_the_parameters_it_always_had() -> None:
+    """Existing checkpoints (models/) load unchanged: the family options add no parameter to
+    the default shape."""
+    config = ModelConfig()
+    assert (config.pre_norm, config.final_layer_norm, config.embedding_norm) == (False,) * 3
+    assert config.positions == "sinusoidal" and config.share_encoder_decoder_embeddings
+    assert config.target_vocab_size == config.vocab_size
+    names = set(Transformer(ModelConfig(vocab_size=40, d_model=16, n_heads=2)).state_dict())
+    outside_layers = {n for n in names if not n.startswith(("encoder_layers.", "decoder_layers."))}
+    assert outside_layers == {"embed_tokens.weight", "final_logits_bias"}
+
+
+def test_a_shape_adds_only_its_own_parameters() -> None:
+    def extra(family: str) -> set[str]:
+        config = ModelConfig(d_model=16, n_heads=2, **family_options(family, vocab=40))
+        names = set(Transformer(config).state_dict())
+        return {n for n in names if not n.startswith(("encoder_layers.", "decoder_layers."))}
+
+    base = {"embed_tokens.weight", "final_logits_bias"}
+    assert extra("m2m100") == base | {
+        f"{side}_layer_norm.{p}" for side in ("encoder", "decoder") for p in ("weight", "bias")
+    }
+    assert extra("mbart50") == extra("m2m100") | {
+        "encoder_positions.weight",
+        "decoder_positions.weight",
+        *(
+            f"{side}_embedding_norm.{p}"
+            for side in ("encoder", "decoder")
+            for p in ("weight", "bias")
+        ),
+    }
+    assert extra("marian-separate-vocabularies") == base | {"decoder_embed_tokens.weight"}
+
+
+def test_family_options_that_contradict_each_other_are_refused() -> None:
+    with pytest.raises(ValueError, match="positions must be one of"):
+        ModelConfig(positions="rotary")
+    with pytest.raises(ValueError, match="decoder_vocab_size=9 differs"):
+        ModelConfig(vocab_size=10, decoder_vocab_size=9)
 
 
 def padded_batch(pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -72,7 +72,7 @@ def test_saving_a_model_directory_keeps_its_description(tmp_path: Path):
 
 def test_an_imported_marian_model_describes_itself_from_its_model_card(tmp_path: Path):
     pytest.importorskip("torch")
-    from export.marian import marian_description
+    from export.hf.marian import marian_description
 
     folder = tmp_path / "opus-mt-fr-en"
     folder.mkdir()
