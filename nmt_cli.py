@@ -52,6 +52,7 @@ def _read_stdin_lines() -> list[str]:
 def _translate_lines(args: argparse.Namespace, sentences: list[str]) -> list[str]:
     """On the ONNX engine with --model-dir (the product), else on the torch checkpoint."""
     if args.model_dir:
+        from nmt_contract import UnknownLanguage
         from service.runtime.bundle import load_bundle
         from service.runtime.search import SearchOptions
         from service.runtime.sessions import EngineOptions
@@ -67,9 +68,17 @@ def _translate_lines(args: argparse.Namespace, sentences: list[str]) -> list[str
             max_length=args.max_length,
             max_repeats=args.max_repeats,
         )
-        return [t.text for t in translator.translate(sentences, options, args.batch_size)]
-    if args.int8 or args.shortlist:
-        raise SystemExit("--int8 and --shortlist need --model-dir (an exported bundle)")
+        try:
+            found = translator.translate(
+                sentences, options, args.batch_size, args.source_lang, args.target_lang
+            )
+        except UnknownLanguage as error:
+            raise SystemExit(f"nmt {args.command}: {error}") from None
+        return [t.text for t in found]
+    if args.int8 or args.shortlist or args.source_lang or args.target_lang:
+        raise SystemExit(
+            "--int8, --shortlist, --source-lang and --target-lang need --model-dir (a bundle)"
+        )
     from export.checkpoint import load_model_dir
     from export.translate import translate_texts
 
@@ -109,6 +118,12 @@ def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
         "--model-dir; up to 1.3x faster, mostly in beam search; results change a little)",
     )
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all)")
+    parser.add_argument(
+        "--source-lang", help="a multilingual bundle's source language (default: its first pair)"
+    )
+    parser.add_argument(
+        "--target-lang", help="a multilingual bundle's target language (default: its first pair)"
+    )
 
 
 def _cmd_export(args: argparse.Namespace) -> int:

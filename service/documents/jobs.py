@@ -228,7 +228,11 @@ class DocumentJobs:
         documents = await asyncio.to_thread(markup.read, extracted.segments, layout)
         model = self.service.model_for(job.source_lang, job.target_lang)
         terminology = await self._terminology(job)
-        options = replace(SearchOptions(**job.options), alignment=True, n_best=1)
+        # The first token is the model's for this pair (a multilingual model's target
+        # language), whatever the upload's options were made with before detection.
+        options = replace(
+            SearchOptions(**job.options), alignment=True, n_best=1, first_token=model.first_token
+        )
         done = list(job.done)
         if done:
             log.info(

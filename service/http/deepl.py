@@ -296,10 +296,10 @@ def refuse_what_cannot_be_honoured(fields: dict[str, Any]) -> None:
 def _language_list(service: TranslationService, kind: str) -> list[dict[str, Any]]:
     models = service.registry.models
     if kind == "source":
-        codes = sorted({m.bundle.source_lang for m in models})
+        codes = sorted({a for m in models for a, _ in m.pairs()})
         return [{"language": c.upper(), "name": LANGUAGE_NAMES.get(c, c)} for c in codes]
     listed = []
-    for code in sorted({m.bundle.target_lang for m in models}):
+    for code in sorted({b for m in models for _, b in m.pairs()}):
         for variant in REGIONAL_TARGETS.get(code, (code.upper(),)):
             name = REGION_NAMES.get(variant, LANGUAGE_NAMES.get(code, code))
             listed.append({"language": variant, "name": name, "supports_formality": False})

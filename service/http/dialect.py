@@ -177,6 +177,7 @@ def search_options(
         max_repeats=settings.max_repeats,
         alignment_layer=-1 if layer is None else layer,
         alignment_heads=decoding.alignment_heads,
+        first_token=model.first_token,
     )
 
 

@@ -398,7 +398,7 @@ def build_router(settings: Settings) -> APIRouter:
 
 def served_pairs(service: TranslationService) -> list[tuple[str, str]]:
     """The (source, target) base codes some loaded model translates."""
-    return sorted({(m.bundle.source_lang, m.bundle.target_lang) for m in service.registry.models})
+    return sorted({pair for m in service.registry.models for pair in m.pairs()})
 
 
 def check_pair(service: TranslationService, source: str, target: str) -> None:

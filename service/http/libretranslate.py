@@ -154,8 +154,9 @@ def build_router(settings: Settings) -> APIRouter:
 
     @router.get("/frontend/settings", summary="LibreTranslate-compatible front-end settings")
     async def frontend_settings(service: ServiceDep) -> JSONResponse:
-        sources = sorted({m.bundle.source_lang for m in service.registry.models})
-        targets = sorted({m.bundle.target_lang for m in service.registry.models})
+        pairs = [pair for m in service.registry.models for pair in m.pairs()]
+        sources = sorted({a for a, _ in pairs})
+        targets = sorted({b for _, b in pairs})
 
         def language(codes: list[str]) -> dict[str, str]:
             code = codes[0] if codes else ""
@@ -180,7 +181,7 @@ def build_router(settings: Settings) -> APIRouter:
     ) -> list[dict[str, Any]]:
         targets: dict[str, list[str]] = {}
         models = service.registry.models
-        pairs = [(m.source_lang, m.target_lang) for m in models] + pivot_pairs(models)
+        pairs = [pair for m in models for pair in m.pairs()] + pivot_pairs(models)
         for source, target in pairs:  # a pair only a pivot serves is listed too
             targets.setdefault(source, []).append(target)
         return [

@@ -22,7 +22,7 @@ limit, length penalty, n-best, repetition guard, alignment.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -72,6 +72,7 @@ class _PerSentence:
     alignment: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     layer: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     heads: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    first: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # -1: none
 
     def __post_init__(self) -> None:
         self._sentences_changed()
@@ -82,6 +83,7 @@ class _PerSentence:
         sentences reserve (sources, and length limits: RunningBatch.reserved_tokens)."""
         self.any_alignment = bool(self.alignment.any())
         self.any_repeats = bool(self.repeats.any())
+        self.any_first = bool((self.first >= 0).any())
         self.source_tokens = int(self.source_length.sum())
         self.limit_tokens = int(self.limit.sum())
 
@@ -99,6 +101,8 @@ class _PerSentence:
         layers = engine.layers
         self.layer = grow(self.layer, [s.options.alignment_layer % layers for s in sentences])
         self.heads = grow(self.heads, [s.options.alignment_heads for s in sentences])
+        firsts = [-1 if s.options.first_token is None else s.options.first_token for s in sentences]
+        self.first = grow(self.first, firsts)
         self._sentences_changed()
 
     def keep(self, kept: np.ndarray) -> None:
@@ -260,7 +264,32 @@ class RunningBatch:
             step_weights[:, 0] = chosen[:, :, : step_weights.shape[3]]
             self.history = np.concatenate([self.history, step_weights], axis=1)
         self.per_sentence.steps += 1
+        if self.per_sentence.any_first:
+            result = self._forced_first(result)
         return self.strategy.choose(self, result)
+
+    def _forced_first(self, result: StepResult) -> StepResult:
+        """At a sentence's first step, its rows see its first token (SearchOptions.first_token)
+        as their only candidate, with log-prob 0, as Hugging Face's forced_bos_token_id writes
+        a multilingual model's target language: the strategy then chooses as usual (a glossary
+        term's tokens cannot start there), and the token counts as produced (length limit,
+        length penalty)."""
+        per = self.per_sentence
+        starting = np.flatnonzero((per.steps == 1) & (per.first >= 0))
+        if not len(starting):
+            return result
+        top_ids, top_log_probs = result.top_ids.copy(), result.top_log_probs.copy()
+        forced = None if result.forced_log_probs is None else result.forced_log_probs.copy()
+        for j in starting:
+            rows = slice(j * self.beams, (j + 1) * self.beams)
+            top_ids[rows, 0] = per.first[j]
+            top_log_probs[rows, 0] = 0.0
+            top_log_probs[rows, 1:] = -np.inf
+            if forced is not None:
+                forced[rows] = -np.inf
+        return replace(
+            result, top_ids=top_ids, top_log_probs=top_log_probs, forced_log_probs=forced
+        )
 
     def closers(self) -> np.ndarray:
         """[rows, MAX_REPEAT_NGRAM]: the tokens that would make each row repeat an n-gram

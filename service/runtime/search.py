@@ -34,6 +34,10 @@ class SearchOptions:
     # whether to keep its heads apart (Hypothesis.head_alignment) besides their mean.
     alignment_layer: int = -1
     alignment_heads: bool = False
+    # The token every translation starts with, whatever the model says: a multilingual model's
+    # target-language token (nmt_contract.Languages.forced_target); None: none. Part of the
+    # options, so it is part of a cached translation's key too.
+    first_token: int | None = None
 
 
 @dataclass(eq=False)

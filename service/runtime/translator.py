@@ -13,7 +13,7 @@ come back with no hypothesis).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -95,11 +95,26 @@ class Translator:
                 results[index] = hypotheses
         return results
 
+    def first_token(self, target_lang: str | None) -> int | None:
+        """What a translation into `target_lang` starts with: a multilingual bundle's target
+        language token (UnknownLanguage for one it lacks); None for a bilingual bundle."""
+        languages = self.tokenizer.languages
+        if languages is None:
+            return None
+        return languages.forced_target(target_lang or self.bundle.target_lang)
+
     def translate(
-        self, texts: list[str], options: SearchOptions | None = None, batch_size: int = 32
+        self,
+        texts: list[str],
+        options: SearchOptions | None = None,
+        batch_size: int = 32,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
     ) -> list[Translation]:
-        options = options or SearchOptions()
-        sources = self.tokenizer.encode(texts)
+        """`source_lang`, `target_lang`: the pair, for a multilingual bundle (default: the
+        bundle's own pair)."""
+        options = replace(options or SearchOptions(), first_token=self.first_token(target_lang))
+        sources = self.tokenizer.encode(texts, source_lang)
         found = self.translate_ids(sources, options, batch_size)
         return [
             Translation(self.tokenizer.decode(h[0].tokens), h, s)

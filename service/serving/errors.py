@@ -54,9 +54,11 @@ class UnknownPair(ServiceError):
 
     def __init__(self, source_lang: str, target_lang: str, supported: list[str]) -> None:
         self.source_lang, self.target_lang, self.supported = source_lang, target_lang, supported
+        listed = ", ".join(supported) or "none"
+        if len(supported) > 50:  # a multilingual model's thousands
+            listed = f"{len(supported)} of them (GET /languages lists them)"
         super().__init__(
-            f"no model translates {source_lang!r} to {target_lang!r}; "
-            f"supported pairs: {', '.join(supported) or 'none'}"
+            f"no model translates {source_lang!r} to {target_lang!r}; supported pairs: {listed}"
         )
 
 

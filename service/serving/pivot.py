@@ -65,20 +65,32 @@ class Pivot:
     def max_tokens_per_sentence(self) -> int:
         return self.first.max_tokens_per_sentence
 
+    @property
+    def first_token(self) -> None:
+        """Each leg forces its own (TranslationService._through)."""
+        return None
+
 
 def pivot_for(models: list[LoadedModel], source: str, target: str) -> Pivot | None:
-    """source -> PIVOT_LANGUAGE -> target, when both models are there (and neither end is the
-    pivot language itself)."""
+    """source -> PIVOT_LANGUAGE -> target, when both legs are served (and neither end is the
+    pivot language itself); bilingual models before multilingual ones, as for a direct pair."""
     if PIVOT_LANGUAGE in (source, target) or source == target:
         return None
-    by_pair = {(m.source_lang, m.target_lang): m for m in models}
-    first, second = by_pair.get((source, PIVOT_LANGUAGE)), by_pair.get((PIVOT_LANGUAGE, target))
+    first = _serving(models, source, PIVOT_LANGUAGE)
+    second = _serving(models, PIVOT_LANGUAGE, target)
     return Pivot(first, second) if first is not None and second is not None else None
+
+
+def _serving(models: list[LoadedModel], source: str, target: str) -> LoadedModel | None:
+    found = [m for m in models if m.translates(source, target)]
+    if not found:
+        return None
+    return min(found, key=lambda m: m.multilingual).directed(source, target)
 
 
 def pivot_pairs(models: list[LoadedModel]) -> list[tuple[str, str]]:
     """The (source, target) pairs that only a pivot translates."""
-    direct = {(m.source_lang, m.target_lang) for m in models}
+    direct = {pair for m in models for pair in m.pairs()}
     into = {a for a, b in direct if b == PIVOT_LANGUAGE}
     out_of = {b for a, b in direct if a == PIVOT_LANGUAGE}
     return sorted((a, b) for a in into for b in out_of if a != b and (a, b) not in direct)

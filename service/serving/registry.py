@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -64,18 +64,57 @@ class LoadedModel:
     loop: DecodingLoop
     max_tokens_per_sentence: int  # the setting, capped by the model's positions
     load_seconds: float
+    # A multilingual model asked for one of its pairs (`directed`); None: its default pair
+    direction: tuple[str, str] | None = None
 
     @property
     def source_lang(self) -> str:
-        return self.bundle.source_lang
+        return self.direction[0] if self.direction else self.bundle.source_lang
 
     @property
     def target_lang(self) -> str:
-        return self.bundle.target_lang
+        return self.direction[1] if self.direction else self.bundle.target_lang
 
     @property
     def pair(self) -> str:
         return f"{self.source_lang}-{self.target_lang}"
+
+    @property
+    def multilingual(self) -> bool:
+        return self.bundle.languages is not None
+
+    @property
+    def languages(self) -> list[str]:
+        """The languages it translates between (a bilingual model's two)."""
+        languages = self.bundle.languages
+        if languages is None:
+            return [self.bundle.source_lang, self.bundle.target_lang]
+        return languages.codes
+
+    def translates(self, source_lang: str, target_lang: str) -> bool:
+        if self.bundle.languages is None:
+            return (source_lang, target_lang) == (self.bundle.source_lang, self.bundle.target_lang)
+        codes = self.bundle.languages.tokens
+        return source_lang != target_lang and source_lang in codes and target_lang in codes
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every (source, target) it translates: a multilingual model's every ordered pair."""
+        if self.bundle.languages is None:
+            return [(self.bundle.source_lang, self.bundle.target_lang)]
+        codes = self.bundle.languages.codes
+        return [(a, b) for a in codes for b in codes if a != b]
+
+    def directed(self, source_lang: str, target_lang: str) -> LoadedModel:
+        """The same model (sessions, loop) asked for one of its pairs."""
+        if self.bundle.languages is None:
+            return self
+        return replace(self, direction=(source_lang, target_lang))
+
+    @property
+    def first_token(self) -> int | None:
+        """What its translations start with: a multilingual model's target-language token."""
+        languages = self.bundle.languages
+        return None if languages is None else languages.forced_target(self.target_lang)
 
     @property
     def decoder_layers(self) -> int:
@@ -91,8 +130,8 @@ class LoadedModel:
         return {
             "name": self.name,
             "version": self.version,
-            "source_lang": bundle.source_lang,
-            "target_lang": bundle.target_lang,
+            "source_lang": self.source_lang,
+            "target_lang": self.target_lang,
             "precision": "int8" if self.translator.engine.options.int8 else "fp32",
             "max_tokens_per_sentence": self.max_tokens_per_sentence,
             "dims": bundle.dims,
@@ -171,24 +210,21 @@ class ModelRegistry:
 
     @property
     def pairs(self) -> list[str]:
-        return sorted({model.pair for model in self.models})
+        return sorted({f"{a}-{b}" for model in self.models for a, b in model.pairs()})
 
     def get(self, source_lang: str, target_lang: str, version: int | None = None) -> LoadedModel:
-        """The model that translates the pair: its serving version, or `version` if loaded."""
-        found = [
-            m
-            for m in self.models
-            if (m.bundle.source_lang, m.bundle.target_lang) == (source_lang, target_lang)
-        ]
+        """The model that translates the pair (a bilingual one before a multilingual one): its
+        serving version, or `version` if loaded."""
+        found = [m for m in self.models if m.translates(source_lang, target_lang)]
         if not found:
             raise UnknownPair(source_lang, target_lang, self.pairs)
-        model = found[0]
+        model = min(found, key=lambda m: m.multilingual).directed(source_lang, target_lang)
         if version is None or version == model.version:
             return model
         with self._lock:
             for record in self._records.get(model.name, []):
                 if record.version == version and record.state == "ready" and record.model:
-                    return record.model
+                    return record.model.directed(source_lang, target_lang)
             loaded = sorted(
                 r.version
                 for r in self._records.get(model.name, [])
@@ -217,7 +253,11 @@ class ModelRegistry:
                 if serving is not None and serving.model is not None:
                     model = serving.model
                     found.update(model.describe())
-                    found.update(description=model.bundle.description, pairs=[model.pair])
+                    found.update(description=model.bundle.description)
+                    if model.multilingual:  # every ordered pair of its languages
+                        found["languages"] = model.languages
+                    else:
+                        found["pairs"] = [model.pair]
                     found["state"] = "ready"
                 else:
                     states = {r.state for r in records}
@@ -281,7 +321,8 @@ class ModelRegistry:
             record.leases += 1
         try:
             assert record.model is not None
-            yield record.model
+            held = record.model  # the successor, if `model` was closed
+            yield held.directed(*model.direction) if model.direction else held
         finally:
             with self._lock:
                 record.leases -= 1
@@ -289,11 +330,15 @@ class ModelRegistry:
                     self._close_later(record)
 
     def _record_of(self, model: LoadedModel) -> ModelVersion | None:
-        return next((r for r in self._records.get(model.name, []) if r.model is model), None)
+        """Its record: by its loop, which a model asked for one of its pairs shares."""
+        records = self._records.get(model.name, [])
+        return next((r for r in records if r.model and r.model.loop is model.loop), None)
 
     def _successor(self, model: LoadedModel) -> ModelVersion:
         record = self._serving(model.name)
-        if record is None or record.model is None or record.model.pair != model.pair:
+        if record is None or record.model is None:
+            raise ModelUnavailable(model.name)
+        if not record.model.translates(model.source_lang, model.target_lang):
             raise ModelUnavailable(model.name)
         return record
 
@@ -433,13 +478,16 @@ class ModelRegistry:
         return record  # still "loading": _switch makes it ready
 
     def _check_pair(self, name: str, model: LoadedModel) -> None:
-        """Another model translating the same pair would make routing ambiguous."""
+        """Another bilingual model translating the same pair would make routing ambiguous (a
+        multilingual model gives way to a bilingual one on its pairs)."""
+        if model.multilingual:
+            return
         with self._lock:
             for other in self._records:
                 serving = self._serving(other)
                 if other == name or serving is None or serving.model is None:
                     continue
-                if serving.model.pair == model.pair:
+                if not serving.model.multilingual and serving.model.pair == model.pair:
                     raise BundleError(
                         f"model {other!r} ({serving.path}) already translates {model.pair}; "
                         "one model per language pair: unload it first"

@@ -176,11 +176,7 @@ class TranslationService:
 
     def sources_for(self, target_lang: str) -> list[str]:
         """The source languages some model translates into target_lang."""
-        return sorted(
-            m.bundle.source_lang
-            for m in self.registry.models
-            if m.bundle.target_lang == target_lang
-        )
+        return sorted({a for m in self.registry.models for a, b in m.pairs() if b == target_lang})
 
     async def detect(self, text: str, index: int = 0) -> list[Detection]:
         """The likely languages of a text, best first (off the event loop: it is CPU work).
@@ -272,13 +268,14 @@ class TranslationService:
                 field="glossary_id",
             )
         # The first leg's weights are needed to compose, whatever the caller reads.
+        first_options = replace(options, n_best=1, first_token=pivot.first.first_token)
         first = await self.translate(
-            pivot.first, texts, replace(options, n_best=1), client_gone, split, True,
-            background=background,
-        )  # fmt: skip
+            pivot.first, texts, first_options, client_gone, split, True, background=background
+        )
         middle = [sentence[0].text for text in first.texts for sentence in text.sentences]
+        second_options = replace(options, first_token=pivot.second.first_token)
         second = await self.translate(
-            pivot.second, middle, options, client_gone, "none", True, background=background
+            pivot.second, middle, second_options, client_gone, "none", True, background=background
         )
         return await off_loop(
             len(middle) + first.alignment_weights + second.alignment_weights,
@@ -491,7 +488,8 @@ def _prepare(
             slots[-1].append(len(sentences))
             sentences.append(model_input(sentence))
             owners.append(text_index)
-    sources = model.translator.tokenizer.encode(sentences) if sentences else []
+    tokenizer = model.translator.tokenizer
+    sources = tokenizer.encode(sentences, model.source_lang) if sentences else []
     limit = model.max_tokens_per_sentence
     for position, ids in enumerate(sources):
         if len(ids) > limit:
@@ -501,7 +499,10 @@ def _prepare(
     terms: list[SentenceTerms | None] = [None] * len(sources)
     if terminology is not None and len(terminology):
         tokenizer = model.translator.tokenizer
-        terms = [sentence_terms(tokenizer, terminology, sentence) for sentence in sentences]
+        terms = [
+            sentence_terms(tokenizer, terminology, sentence, model.source_lang)
+            for sentence in sentences
+        ]
     return _Prepared(splits, sources, owners, slots, terms)
 
 
@@ -661,15 +662,20 @@ def _alignment(
 ) -> SentenceAlignment:
     """One sentence's alignment; with_weights False: the word alignment only (weights and
     head_weights left empty, no lists built)."""
-    weights = best.alignment
+    weights, heads, tokens = best.alignment, best.head_alignment, best.tokens
+    if options.first_token is not None and tokens and tokens[0] == options.first_token:
+        # A multilingual model's target-language token, forced first: no word of the text.
+        tokens = tokens[1:]
+        weights = None if weights is None else weights[1:]
+        heads = None if heads is None else heads[1:]
     rows = 0 if weights is None else weights.shape[0]
-    target_pieces = tokenizer.target_pieces(best.tokens)
+    target_pieces = tokenizer.target_pieces(tokens)
     if rows > len(target_pieces):  # the last step produced </s>
         target_pieces = [*target_pieces, "</s>"]
     source_pieces = tokenizer.source_pieces(source)
     if weights is None:
         return SentenceAlignment(source_pieces, target_pieces[:rows], [])
-    heads = best.head_alignment if with_weights else None  # [target, heads, source] or None
+    heads = heads if with_weights else None  # [target, heads, source] or None
     return SentenceAlignment(
         source_tokens=source_pieces,
         target_tokens=target_pieces[:rows],

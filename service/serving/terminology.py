@@ -81,14 +81,17 @@ class SentenceTerms:
 
 
 def sentence_terms(
-    tokenizer: BundleTokenizer, terminology: Terminology, sentence: str
+    tokenizer: BundleTokenizer,
+    terminology: Terminology,
+    sentence: str,
+    source_lang: str | None = None,
 ) -> SentenceTerms | None:
     """What the glossary terms in `sentence` ask of the decoder (None: it has none): each
     target term's tokens, and the source tokens of encode([sentence]) it translates."""
     matches = terminology.find(sentence)
     if not matches:
         return None
-    spans = tokenizer.source_spans(sentence, [(m.start, m.end) for m in matches])
+    spans = tokenizer.source_spans(sentence, [(m.start, m.end) for m in matches], source_lang)
     constraints = tuple(tokenizer.encode_target(m.target) for m in matches)
     return SentenceTerms(constraints, tuple(spans), tuple(m.target for m in matches))
 

@@ -221,7 +221,7 @@ def test_the_openapi_document_lists_every_status_a_limit_gets(
 
 
 def fake_model(layers: int = 3) -> SimpleNamespace:
-    return SimpleNamespace(name="fr-en", decoder_layers=layers)
+    return SimpleNamespace(name="fr-en", decoder_layers=layers, first_token=None)
 
 
 def test_a_request_that_asks_nothing_decodes_with_the_server_defaults():

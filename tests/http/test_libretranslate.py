@@ -145,8 +145,8 @@ def test_an_unsure_detection_is_refused_when_several_sources_could_be_meant():
     honest answer: the 400 that names what was detected stays."""
 
     def registry(*sources: str) -> SimpleNamespace:
-        bundles = [SimpleNamespace(source_lang=s, target_lang="en") for s in sources]
-        return SimpleNamespace(models=[SimpleNamespace(bundle=b) for b in bundles])
+        models = [SimpleNamespace(pairs=lambda s=s: [(s, "en")]) for s in sources]
+        return SimpleNamespace(models=models)
 
     def detect(*sources: str) -> Detection:
         service = TranslationService(Settings(), registry(*sources), Lifecycle())  # type: ignore[arg-type]

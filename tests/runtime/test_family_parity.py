@@ -4,9 +4,9 @@ token: greedy and beam 4, fp32, three directions of one multilingual bundle in o
 batch, each sentence with its own target language forced first. The int8 graphs stay within a
 stated distance of fp32.
 
-The runtime's search does not force a first token yet: `ForcedFirstToken` wraps a search
-strategy here to do what it must (see its docstring), so that these tests hold the graphs, the
-bundle and the served tokenizer to transformers now.
+The target language's token is forced first by the running batch itself
+(`Sentence.first_token`, as transformers' forced_bos_token_id), so these tests hold the graphs,
+the bundle, the served tokenizer and the search to transformers.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from nmt_contract import (  # noqa: E402
     length_limit,
 )
 from service.runtime.bundle import load_bundle  # noqa: E402
-from service.runtime.engine import Engine, StepResult  # noqa: E402
+from service.runtime.engine import Engine  # noqa: E402
 from service.runtime.running_batch import RunningBatch  # noqa: E402
-from service.runtime.search import Finished, SearchOptions, Sentence  # noqa: E402
+from service.runtime.search import SearchOptions, Sentence  # noqa: E402
 from service.runtime.sessions import EngineOptions  # noqa: E402
-from service.runtime.strategies import SearchStrategy, strategy_for  # noqa: E402
+from service.runtime.strategies import strategy_for  # noqa: E402
 from service.runtime.tokenizer import BundleTokenizer  # noqa: E402
 from service.runtime.translator import Translator  # noqa: E402
 from tests.export.hf_families import (  # noqa: E402
@@ -70,60 +70,19 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.getbasetemp() / "hf-families"
 
 
-class ForcedFirstToken(SearchStrategy):
-    """What a multilingual bundle needs of the search (bundle.json: languages.target_token
-    "forced"): a sentence's first token is its target language's, written with log-prob 0
-    whatever the model says, as transformers' forced_bos_token_id writes it. It counts as a
-    produced token (length limit, length penalty) and stays in the hypothesis' tokens (the
-    tokenizer leaves it out of the text).
-
-    Wrapping `inner`: at a sentence's first step, each of its rows sees that token as its only
-    candidate (log-prob 0, every other one -inf); the inner strategy chooses as usual."""
-
-    def __init__(self, inner: SearchStrategy, first_token: dict) -> None:
-        super().__init__(inner.beams)
-        self.inner = inner
-        self.first_token = first_token  # ticket -> the token id forced first (None: none)
-
-    def joined(self, sentences: list[Sentence]) -> None:
-        self.inner.joined(sentences)
-
-    def kept(self, kept: np.ndarray) -> None:
-        self.inner.kept(kept)
-
-    def top_k(self, batch: RunningBatch) -> int:
-        return self.inner.top_k(batch)
-
-    def forced(self, batch: RunningBatch) -> np.ndarray | None:
-        return self.inner.forced(batch)
-
-    def needs_focus(self) -> bool:
-        return self.inner.needs_focus()
-
-    def choose(self, batch: RunningBatch, result: StepResult) -> list[Finished]:
-        starting = np.flatnonzero(batch.per_sentence.steps == 1)  # at their first token
-        forced = [(j, self.first_token.get(batch.sentences[j].ticket)) for j in starting]
-        forced = [(j, token) for j, token in forced if token is not None]
-        if forced:
-            top_ids, top_log_probs = result.top_ids.copy(), result.top_log_probs.copy()
-            for j, token in forced:
-                rows = slice(j * self.beams, (j + 1) * self.beams)
-                top_ids[rows, 0] = token
-                top_log_probs[rows, 0] = 0.0
-                top_log_probs[rows, 1:] = -np.inf
-            result = dataclasses.replace(result, top_ids=top_ids, top_log_probs=top_log_probs)
-        return self.inner.choose(batch, result)
-
-
 def decode(
     engine: Engine, sources: list[list[int]], firsts: list[int | None], beam: int
 ) -> list[Hypothesis]:
     """Every source in one running batch, source i's translation starting with firsts[i]
     (None: as the model says)."""
-    strategy = ForcedFirstToken(strategy_for(beam), dict(enumerate(firsts)))
-    batch = RunningBatch(engine, strategy)
+    batch = RunningBatch(engine, strategy_for(beam))
     options = SearchOptions(beam_size=beam, max_length=MAX_LENGTH)
-    batch.join([Sentence(source, options, ticket=i) for i, source in enumerate(sources)])
+    batch.join(
+        [
+            Sentence(source, dataclasses.replace(options, first_token=first), ticket=i)
+            for i, (source, first) in enumerate(zip(sources, firsts, strict=True))
+        ]
+    )
     found: list[Hypothesis | None] = [None] * len(sources)
     while len(batch):
         for finished in batch.step():
