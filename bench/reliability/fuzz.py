@@ -68,7 +68,10 @@ def run_schemathesis(
     max_time: int | None = None,
 ) -> dict[str, Any]:
     report_dir = (work_dir / "schemathesis").resolve()
-    with running_server(model_dir, work_dir) as server:
+    # As a production server runs: model administration behind an admin key the fuzzer does
+    # not have (else its stateful tests unload the model they found in /v1/models, and every
+    # translation after is a 404 or a readiness 503).
+    with running_server(model_dir, work_dir, admin_keys="fuzz-has-no-admin-key") as server:
         command = schemathesis_command(
             server.url, max_examples, seed, workers, report_dir, max_time
         )

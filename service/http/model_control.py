@@ -61,7 +61,7 @@ def build_router() -> APIRouter:
             answer = ModelReady(name=name, version=serving.version, state="ready", ready=True)
             return JSONResponse(answer.model_dump(), 200)
         states = {v.state for v in service.registry.versions() if v.name == name}
-        state = next((s for s in ("loading", "unloading") if s in states), "failed")
+        state = next((s for s in ("loading", "unloading", "failed") if s in states), "unloaded")
         answer = ModelReady(name=name, version=None, state=state, ready=False)
         return JSONResponse(answer.model_dump(), 503, headers={"Retry-After": "1"})
 

@@ -301,7 +301,9 @@ ModelState = Literal["loading", "ready", "failed", "unloading", "unloaded"]
 
 
 class ModelVersionInfo(BaseModel):
-    version: int | None = Field(description="null: an unversioned bundle (<name>/bundle.json)")
+    version: int | None = Field(
+        None, description="absent for an unversioned bundle (<name>/bundle.json)"
+    )
     state: ModelState
     since: float = Field(description="when it entered this state (Unix time)")
     reason: str | None = Field(None, description="why it failed to load")

@@ -81,6 +81,7 @@ def test_versions_load_switch_roll_back_and_unload(
     assert client.post("/v1/translate", json=NATIVE).status_code == 404
     not_ready = client.get("/v1/models/fr-en/ready")
     assert not_ready.status_code == 503 and not_ready.json()["ready"] is False
+    assert not_ready.json()["state"] in ("unloading", "unloaded")
     assert client.get("/readyz").status_code == 503
     assert client.get("/v1/models/de-en/ready").status_code == 404
     assert client.post("/v1/models/de-en/load").status_code == 404
