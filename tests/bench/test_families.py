@@ -1,0 +1,56 @@
+"""bench/families.py runs end to end on a tiny shape and writes its section (a benchmark: its
+speeds are not checked, only that every engine was timed on the same work and reported)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, multi30k_path
+
+pytest.importorskip("transformers", reason="needs the bench extra")
+
+
+@pytest.mark.parametrize(
+    ("shape", "title"),
+    [
+        ("m2m100-tiny", "M2M-100"),
+        # The other families' builders (their tokenizers' files): 12 s more each.
+        pytest.param("nllb-tiny", "NLLB-200", marks=pytest.mark.slow),
+        pytest.param("mbart50-tiny", "mBART-50", marks=pytest.mark.slow),
+    ],
+)
+def test_a_tiny_shape_is_built_timed_on_every_engine_and_written_between_the_markers(
+    tmp_path: Path, shape: str, title: str
+) -> None:
+    if not (multi30k_path() / "test_2016_flickr.en").is_file():
+        pytest.skip(f"Multi30k not found at {multi30k_path()} (set NMT_DATA_DIR to its folder)")
+    out = tmp_path / "benchmarks.md"
+    out.write_text("# Before\n\n<!-- families:start -->\nold\n<!-- families:end -->\n\n# After\n")
+    command = [sys.executable, "-m", "bench.families", "--families", shape]
+    command += ["--sentences", "2", "--sentences-batch-1", "1", "--batch", "2", "--repeat", "1"]
+    command += ["--max-length", "12", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
+    subprocess.run(command, cwd=ROOT, check=True, timeout=300, capture_output=True)
+    text = out.read_text()
+    assert text.startswith("# Before") and text.rstrip().endswith("# After")
+    assert "old" not in text
+    assert f"Reproduce: `.venv/bin/python -m bench.families --families {shape}" in text
+    assert f"### {title}, a tiny shape" in text
+    number = r"([0-9][0-9,]*\.[0-9]) \(([0-9.]+)x\)"
+    cells = r" \| ".join([number] * 4)
+    rows = re.findall(rf"^\| ([a-z0-9 ]+) \| {cells} \| [0-9,]+ \|", text, re.M)
+    assert [row[0] for row in rows] == ["ours fp32", "ours int8", "transformers fp32"]
+    for row in rows:
+        speeds = [float(value.replace(",", "")) for value in row[1::2]]
+        assert all(speed > 0 for speed in speeds)
+    assert all(ratio == "1.00" for ratio in rows[2][2::2])  # transformers: the reference
+    # Every engine produced the same number of tokens for every sentence; the fp32 engines
+    # the same tokens, from the same source ids.
+    assert "Same work on every engine: yes: every translation, of every engine, is 12 " in text
+    assert re.search(r"ours fp32 (\d+)/\1,", text)
+    assert "Source ids: equal to the family tokenizer's" in text
+    assert re.search(r"export of the fp32 graphs [0-9.]+ s, their int8 quantization", text)
