@@ -1,36 +1,42 @@
 """The real shapes of the multilingual families, with random weights: ours against
 `transformers` `generate` on the same weights and the same sentences (issue 36).
 
-    python -m bench.families --families m2m100-418m --sentences 8 --repeat 3
+    python -m bench.families --families m2m100-418m --sentences 8 --sentences-batch-1 2 \
+        --repeat 3                                  (15 minutes on 2 cores, 9 GB of memory)
+    python -m bench.families --families nllb-600m,mbart50 --sentences 8 \
+        --sentences-batch-1 1 --repeat 2 --section families-nllb-mbart50     (25 minutes, 13 GB)
 
 The published checkpoints cannot be downloaded here, so each model is built from a
 `transformers` config of the published shape (`SHAPES`: M2M-100 418M, NLLB-200 distilled
-600M, mBART-50 many-to-many) with random weights, and a SentencePiece model trained on
-Multi30k's English, French and German. An M2M-100 gets the published vocabulary's size in its
-`vocab.json` (the trained pieces, then filler pieces no text produces), so its tokenizers hold
-128,004 pieces as the real one does; NLLB and mBART-50 number their pieces from the
-SentencePiece model, so theirs are the trained model's, in a network of the published
-vocabulary (ids past it are never read, and written as <unk>).
+600M, mBART-50 many-to-many; and a tiny one of each family for the tests) with random
+weights, and a SentencePiece model trained on Multi30k's English, French and German. An
+M2M-100 gets the published vocabulary's size in its `vocab.json` (the trained pieces, then
+filler pieces no text produces), so its tokenizers hold 128,004 pieces as the real one does;
+NLLB and mBART-50 number their pieces from the SentencePiece model, so their tokenizers know
+the trained pieces only, in a network of the published vocabulary (the ids past them, which
+a random model writes too, become <unk> in our text and are left out of transformers').
 
 One run, for each family in turn:
-* prepare (in a process of its own, cached in --work-dir): the Hugging Face directory, `nmt
-  import-hf` into our model directory, `export_bundle` with int8 (timed: import, the fp32
-  graphs, their int8 quantization), and the sizes on disk;
+* prepare (in a process of its own, cached in --work-dir; --rebuild to redo it): the Hugging
+  Face directory, `nmt import-hf` into our model directory, `export_bundle` with int8 (timed:
+  import, the fp32 graphs, their int8 quantization), the sizes on disk, and how many times
+  the graphs hold the embedding;
 * time three engines, each in its own process (so that its peak memory is its own), loaded at
   once and taking turns, one pass each, configuration by configuration and repeat by repeat
   (as `bench.compare` does), so that the machine's drifts fall on all of them alike:
   ours fp32 and ours int8 (`Translator.translate`, texts in and out, the target language's
   token forced first) and transformers fp32 (the family's tokenizer, `generate` with
-  `forced_bos_token_id`, `batch_decode`), one thread each;
+  `forced_bos_token_id`, `batch_decode`), one thread each. At batch 1 a pass translates
+  --sentences-batch-1 sentences per direction (a batch-1 token costs much the same whatever
+  the sentence, and those passes take most of the time), at the larger batch --sentences;
 * the same work for every engine: the weights are randomized so that </s> never wins (its
   logit is pushed down, `EOS_BONUS`), and every sentence is long enough that its length limit
   is --max-length, so every translation is exactly --max-length tokens long on every engine
-  (checked: the report gives the share of sentences whose token counts match, and of those
-  whose tokens are equal to transformers').
+  (checked: the report says so, or gives the lengths found; and how many translations are
+  token for token transformers').
 
-Writes the "families" section of docs/benchmarks.md. Needs the `bench` extra (transformers,
-torch). Minutes per family at 418M-600M parameters on one thread: the report's command
-gives the sizes it ran with.
+Writes one section of docs/benchmarks.md (--section, "families" by default). Needs the
+`bench` extra (transformers, torch).
 """
 
 from __future__ import annotations
@@ -885,8 +891,9 @@ def family_markdown(measured: dict, args: argparse.Namespace) -> str:
 
 def markdown(measured: list[dict], args: argparse.Namespace, load: tuple) -> str:
     threads = f"{args.threads} thread{'s' if args.threads != 1 else ''}"
+    shapes = ", ".join(m["name"] for m in measured)
     lines = opening(
-        f"Real shapes, random weights: ours vs transformers, {threads} per engine",
+        f"Real shapes, random weights ({shapes}): ours vs transformers, {threads} per engine",
         "bench.families",
         f", load average before the run {' / '.join(f'{x:.2f}' for x in load)}; {_versions()}",
     )
