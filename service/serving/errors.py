@@ -89,11 +89,14 @@ class ModelLoadFailed(ServiceError):
 
     status = 409
 
-    def __init__(self, name: str, reasons: dict[int | None, str], serving: str) -> None:
+    def __init__(
+        self, name: str, reasons: dict[int | None, str], serving: str, note: str = ""
+    ) -> None:
         """`reasons`: by version (None: the unversioned bundle), why it failed; `serving`: what
-        serves the model now, in words ("version 2", "nothing")."""
+        serves the model now, in words ("version 2", "nothing"); `note`: why, when no version
+        was tried at all."""
         self.name, self.reasons, self.serving = name, reasons, serving
-        failures = "; ".join(
+        failures = note or "; ".join(
             f"{'the bundle' if v is None else f'version {v}'}: {why}" for v, why in reasons.items()
         )
         super().__init__(f"model {name!r} did not load ({failures}); {serving} serves it now")

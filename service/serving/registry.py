@@ -389,6 +389,11 @@ class ModelRegistry:
                     else:
                         self._pinned[name] = version
                 serving = self._serving(name)
+            if serving is None and not reasons:  # the policy selects none of its versions
+                versions = ", ".join(str(v) for v in sorted(entry.versions, key=lambda v: v or 0))
+                policy = f"NMT_MODEL_VERSION_POLICY={self.policy}"
+                note = f"{policy} selects none of its versions ({versions})"
+                raise ModelLoadFailed(name, {}, "nothing", note)
             if reasons and (strict or serving is None):
                 raise ModelLoadFailed(name, reasons, _in_words(serving))
             if reasons:  # at start: the newest failed, an older one serves, as the policy allows

@@ -233,6 +233,13 @@ def test_unloading_retires_every_version_and_the_pair_is_gone(repository: Path):
         registry.close()
 
 
+def test_a_policy_that_selects_no_version_says_so(repository: Path):
+    registry = registry_of(repository, model_version_policy="specific:7")
+    with pytest.raises(BundleError, match=r"specific:7 selects none of its versions \(1\)"):
+        registry.load_all()
+    registry.close()
+
+
 def test_an_unknown_model_is_named_with_the_known_ones(repository: Path):
     registry = registry_of(repository)
     registry.load_all()
