@@ -19,8 +19,8 @@ a random model writes too, become <unk> in our text and are left out of transfor
 One run, for each family in turn:
 * prepare (in a process of its own, cached in --work-dir; --rebuild to redo it): the Hugging
   Face directory, `nmt import-hf` into our model directory, `export_bundle` with int8 (timed:
-  import, the fp32 graphs, their int8 quantization), the sizes on disk, and how many times
-  the graphs hold the embedding;
+  import, the whole export, and its int8 quantization run again alone to split it), the
+  sizes on disk, and how many times the graphs hold the embedding;
 * time three engines, each in its own process (so that its peak memory is its own), loaded at
   once and taking turns, one pass each, configuration by configuration and repeat by repeat
   (as `bench.compare` does), so that the machine's drifts fall on all of them alike:
@@ -357,25 +357,14 @@ def prepare(name: str, work: Path) -> dict:
     import_hf(hf_dir, ours_dir)
     imported = time.perf_counter()
     gc.collect()
-    quantizing = []  # seconds of each int8 quantization, timed around export's own function
-    quantize_graph = onnx_export.quantize_graph
-
-    def timed_quantize(*args, **kwargs):
-        begin = time.perf_counter()
-        try:
-            return quantize_graph(*args, **kwargs)
-        finally:
-            quantizing.append(time.perf_counter() - begin)
-
-    onnx_export.quantize_graph = timed_quantize
-    try:
-        onnx_export.export_bundle(ours_dir, bundle_dir, int8=True)
-    finally:
-        onnx_export.quantize_graph = quantize_graph
+    onnx_export.export_bundle(ours_dir, bundle_dir, int8=True)
     exported = time.perf_counter()
     files = load_bundle(bundle_dir).manifest["files"]
     graphs = [f for f in files if ".onnx" in f]
     int8 = [f for f in graphs if ".int8." in f]
+    # The export's share that was quantization: the same public function run again on the
+    # exported fp32 graphs, timed from outside (the product is not patched to time it).
+    quantizing = quantize_again(bundle_dir, [f for f in graphs if f.endswith(".onnx")], folder)
     parameters = parameter_count(hf_dir / "model.safetensors")
     embedding = shape.config["vocab_size"] * shape.config["d_model"]
     copies = {f: embedding_copies(bundle_dir / f, embedding) for f in graphs if f.endswith("onnx")}
@@ -384,8 +373,8 @@ def prepare(name: str, work: Path) -> dict:
         "parameters": parameters,
         "build_seconds": built - started,
         "import_seconds": imported - built,
-        "export_seconds": exported - imported - sum(quantizing),
-        "quantize_seconds": sum(quantizing),
+        "export_seconds": max(exported - imported - quantizing, 0.0),
+        "quantize_seconds": quantizing,
         "hf_bytes": _dir_bytes(hf_dir, ["model.safetensors"]),
         "fp32_bytes": _dir_bytes(bundle_dir, [f for f in graphs if f not in int8]),
         "int8_bytes": _dir_bytes(bundle_dir, int8),
@@ -413,6 +402,22 @@ def embedding_copies(graph: Path, elements: int) -> tuple[int, int]:
         if len(t.dims) == 2 and t.dims[0] * t.dims[1] == elements
     ]
     return len(found), sum(kind == onnx.TensorProto.FLOAT for kind in found)
+
+
+def quantize_again(bundle_dir: Path, graphs: list[str], work: Path) -> float:
+    """Seconds `onnx_export.quantize_graph` takes on the bundle's fp32 graphs (written to a
+    scratch folder, then removed)."""
+    scratch = work / "quantize-timing"
+    scratch.mkdir(parents=True, exist_ok=True)
+    import export.onnx_export as onnx_export  # torch: only in the preparing process
+
+    started = time.perf_counter()
+    for name in graphs:
+        if ".int8." not in name:
+            onnx_export.quantize_graph(bundle_dir / name, scratch / name)
+    seconds = time.perf_counter() - started
+    shutil.rmtree(scratch, ignore_errors=True)
+    return seconds
 
 
 def parameter_count(path: Path) -> int:
