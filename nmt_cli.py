@@ -27,8 +27,12 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, help="where to write the final model directory")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     for field in dataclasses.fields(TrainConfig):
+        flag = "--" + field.name.replace("_", "-")
+        if isinstance(field.default, bool):  # --pre-norm / --no-pre-norm (bool("False") is True)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+            continue
         parser.add_argument(
-            "--" + field.name.replace("_", "-"),
+            flag,
             type=type(field.default),
             default=field.default,
             help=f"(default: {field.default!r})",

@@ -30,6 +30,9 @@ class TrainConfig:
     encoder_layers: int = 3
     decoder_layers: int = 3
     activation: str = "relu"
+    # Pre-norm layers (with a final LayerNorm after each stack): deeper stacks train without
+    # the long warmup post-norm needs. The committed model is post-norm (Marian's layout).
+    pre_norm: bool = False
     dropout: float = 0.1
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
@@ -60,6 +63,8 @@ class TrainConfig:
             attention_dropout=self.attention_dropout,
             activation_dropout=self.activation_dropout,
             activation=self.activation,
+            pre_norm=self.pre_norm,
+            final_layer_norm=self.pre_norm,
             source_lang=self.source_lang,
             target_lang=self.target_lang,
         )
