@@ -174,6 +174,80 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    """The bundle's confidence.json (service/serving/confidence.py): its translations of
+    held-out sentences, as the server makes them, labelled against their references, and a
+    logistic regression fitted per search (export/calibration.py)."""
+    import numpy as np
+
+    from export import calibration as fit
+    from export.data import read_lines
+    from export.train_config import multi30k_dir
+    from nmt_contract import CONFIDENCE_FILE
+    from service.runtime.bundle import load_bundle
+    from service.runtime.search import SearchOptions
+    from service.runtime.sessions import EngineOptions
+    from service.runtime.translator import Translator
+    from service.serving.confidence import (
+        SEARCH_FEATURES,
+        CalibrationFile,
+        scored_sentences,
+    )
+    from service.serving.settings import Settings
+
+    base = multi30k_dir()
+    source_path = args.source or base / "val.fr"
+    reference_path = args.reference or base / "val.en"
+    sources, references = read_lines(source_path), read_lines(reference_path)
+    if len(sources) != len(references):
+        raise SystemExit(f"nmt calibrate: {len(sources)} sources, {len(references)} references")
+    translator = Translator(
+        load_bundle(args.model_dir), EngineOptions(int8=args.int8, intra_op_threads=args.threads)
+    )
+    served = Settings.model_construct()  # the server's defaults (no environment read)
+    searches, metrics, words, wrong = {}, {}, [], []
+    for search, beam_size in (("greedy", 1), ("beam", args.beam_size)):
+        options = SearchOptions(
+            beam_size=beam_size,
+            length_penalty=served.default_length_penalty,
+            max_repeats=served.max_repeats,
+        )
+        scored = scored_sentences(
+            translator, sources, options, args.batch_size, args.source_lang, args.target_lang
+        )
+        chrf = np.array(
+            [fit.sentence_chrf(s.translation, r) for s, r in zip(scored, references, strict=True)]
+        )
+        good = chrf >= args.good_chrf
+        names = list(SEARCH_FEATURES[search])
+        rows = fit.feature_matrix([s.features for s in scored], names)
+        fitted = fit.fit_search(rows, good, names)
+        searches[search] = vars(fitted)
+        confidence = fitted.predict(rows)
+        metrics[f"{search}_good_share"] = round(float(good.mean()), 4)
+        metrics[f"{search}_spearman_raw"] = round(fit.spearman(rows[:, 0], chrf), 4)
+        metrics[f"{search}_spearman"] = round(fit.spearman(confidence, chrf), 4)
+        metrics[f"{search}_ece"] = round(fit.expected_calibration_error(confidence, good), 4)
+        if search == "beam":  # the server's default search: the words' threshold
+            for s, reference in zip(scored, references, strict=True):
+                words += [w.confidence for w in s.words]
+                wrong += fit.word_labels([w.word for w in s.words], reference)
+    threshold = fit.word_threshold(np.array(words), np.array(wrong))
+    calibration = CalibrationFile(
+        label=f"sentence chrF >= {args.good_chrf:g} against a reference translation",
+        searches=searches,
+        word_threshold=threshold,
+        trained_on=f"{len(sources)} sentences of {source_path.name} / {reference_path.name}; "
+        f"greedy and beam {args.beam_size}, {'int8' if args.int8 else 'fp32'}",
+        command=" ".join(["nmt", *sys.argv[1:]]),
+        metrics=metrics,
+    )
+    out = args.out or args.model_dir / CONFIDENCE_FILE
+    out.write_text(calibration.model_dump_json(indent=2) + "\n")
+    print(json.dumps({"out": str(out), "word_threshold": threshold, **metrics}))
+    return 0
+
+
 def _cmd_shortlist(args: argparse.Namespace) -> int:
     from export.shortlist import shortlist_from_corpus
     from export.train_config import multi30k_dir
@@ -431,6 +505,21 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--src", type=Path, help="source file to translate")
     evaluate.add_argument("--hyp", type=Path, help="translations to score instead")
     evaluate.add_argument("--ref", type=Path, required=True, help="reference translations")
+    calibrate = subparsers.add_parser(
+        "calibrate",
+        help="fit a bundle's confidence.json on held-out sentences (default: Multi30k val)",
+    )
+    calibrate.add_argument("--model-dir", type=Path, required=True, help="the bundle")
+    calibrate.add_argument("--source", type=Path, help="held-out sources (one per line)")
+    calibrate.add_argument("--reference", type=Path, help="their reference translations")
+    calibrate.add_argument("--good-chrf", type=float, default=50.0, help="what 'good' means")
+    calibrate.add_argument("--beam-size", type=int, default=4, help="the beam search fitted")
+    calibrate.add_argument("--batch-size", type=int, default=32)
+    calibrate.add_argument("--int8", action="store_true", help="fit on the int8 graphs")
+    calibrate.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads")
+    calibrate.add_argument("--source-lang", help="a multilingual bundle's source language")
+    calibrate.add_argument("--target-lang", help="a multilingual bundle's target language")
+    calibrate.add_argument("--out", type=Path, help="default: <model-dir>/confidence.json")
     _add_serve(subparsers)
     _add_models(subparsers)
     _add_db(subparsers)
@@ -444,6 +533,7 @@ COMMANDS = {
     "shortlist": _cmd_shortlist,
     "translate": _cmd_translate,
     "eval": _cmd_eval,
+    "calibrate": _cmd_calibrate,
     "serve": _cmd_serve,
     "models": _cmd_models,
     "db": _cmd_db,

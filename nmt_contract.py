@@ -70,6 +70,15 @@ class Hypothesis:
     # [produced tokens, heads, source tokens]: the same layer's weights head by head, when
     # asked for
     head_alignment: Any = None
+    # [produced tokens, 3] (numpy), when asked for (SearchOptions.confidence): per produced
+    # token, </s> included, how sure the decoder was when it wrote it (TOKEN_CONFIDENCE
+    # columns: its log-prob, the entropy of that step's distribution, its margin over the
+    # runner-up); NaN where the token was not among the step's best (a forced token).
+    token_confidence: Any = None
+
+
+# The columns of Hypothesis.token_confidence.
+TOKEN_CONFIDENCE = ("log_prob", "entropy", "margin")
 
 
 def split_language_code(text: str) -> tuple[list[str], str]:
@@ -176,6 +185,10 @@ def join_marian_pieces(target_model: Any, pieces: list[str]) -> str:
 
 
 SHORTLIST_FILE = "shortlist.npz"
+# A bundle's confidence calibration (service/serving/confidence.py), written after the export
+# by `nmt calibrate` (so bundle.json's checksums do not cover it: the server validates it on
+# load instead). A checkpoint directory may carry one, which `nmt export` copies.
+CONFIDENCE_FILE = "confidence.json"
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from export.fused_step import fused_decoder_step
 from export.model.transformer import Transformer
 from nmt_contract import (
     BUNDLE_FORMAT,
+    CONFIDENCE_FILE,
     SHORTLIST_FILE,
     Shortlist,
     layer_names,
@@ -308,6 +309,8 @@ def export_bundle(
             "files": {name: sha256_of(staging / name) for name in sorted(files)},
         }
         (staging / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if (Path(checkpoint) / CONFIDENCE_FILE).is_file():  # its calibration (nmt calibrate)
+            shutil.copyfile(Path(checkpoint) / CONFIDENCE_FILE, staging / CONFIDENCE_FILE)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.rename(out_dir)

@@ -29,6 +29,8 @@ from service.http.dialect import (
     Decoding,
     Dialect,
     DialectError,
+    confidence_body,
+    confidence_flag,
     read_body,
     read_markup,
     search_options,
@@ -191,6 +193,9 @@ async def _translate(
     target = target_language(fields.get("target_lang"))
     refuse_what_cannot_be_honoured(fields)
     tags = _tag_handling(fields)
+    with_confidence = confidence_flag(fields.get("return_confidence"), DeepLError)
+    if with_confidence and tags is not None:
+        raise DeepLError(400, "return_confidence is not available with tag_handling.")
     split = tags.split if tags is not None else _split_mode(fields, "1")
     documents = None
     if tags is not None:
@@ -199,7 +204,7 @@ async def _translate(
     source = await _source_language(service, fields.get("source_lang"), plain, target)
     model = service.model_for(source, target, admitted_at(request))
     request.state.model = model.labels
-    options = search_options(Decoding(), settings, model)
+    options = search_options(Decoding(confidence=with_confidence), settings, model)
     terminology = None
     if glossary_id := fields.get("glossary_id"):
         if not fields.get("source_lang"):  # DeepL's rule: a glossary is for a pair
@@ -214,14 +219,14 @@ async def _translate(
     )
     detected = source.upper()
     billed = map(billed_characters, texts)  # DeepL's clients read the count
-    return JSONResponse(
-        {
-            "translations": [
-                {"detected_source_language": detected, "text": text, "billed_characters": n}
-                for text, n in zip(found.texts, billed, strict=True)
-            ]
-        }
-    )
+    translations = [
+        {"detected_source_language": detected, "text": text, "billed_characters": n}
+        for text, n in zip(found.texts, billed, strict=True)
+    ]
+    if with_confidence:  # our extension: DeepL's clients ignore fields they do not know
+        for translation, confidence in zip(translations, found.confidence, strict=True):
+            translation["confidence"] = confidence_body(confidence, found.confidence_label)
+    return JSONResponse({"translations": translations})
 
 
 def _split_mode(fields: dict[str, Any], default: str) -> SplitMode:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fastapi import Request
@@ -30,6 +30,7 @@ from service.http.limits import Limit, limit_of
 from service.http.usage import account
 from service.runtime.search import SearchOptions
 from service.serving.access import ApiKeys
+from service.serving.confidence import SentenceConfidence
 from service.serving.errors import InternalError, InvalidInput, ServiceError
 from service.serving.pivot import Pivot
 from service.serving.registry import LoadedModel
@@ -150,6 +151,7 @@ class Decoding:
     alignment: bool = False
     alignment_layer: int | None = None
     alignment_heads: bool = False
+    confidence: bool = False
 
 
 def search_options(
@@ -178,6 +180,7 @@ def search_options(
         alignment_layer=-1 if layer is None else layer,
         alignment_heads=decoding.alignment_heads,
         first_token=model.first_token,
+        confidence=decoding.confidence,
     )
 
 
@@ -185,6 +188,36 @@ def search_options(
 class Translated:
     texts: list[str]
     alternatives: list[list[str]]  # each text's, after the best (none for markup)
+    # With options.confidence (plain text only): each text's (SentenceConfidence), and what
+    # the model's calibration calls good
+    confidence: list[SentenceConfidence | None] = field(default_factory=list)
+    confidence_label: str | None = None
+
+
+def confidence_flag(value: Any, error: type[DialectError]) -> bool:
+    """return_confidence, our extension of the LibreTranslate and DeepL dialects, as JSON
+    (true/false) or a form field ("true"/"false", "1"/"0"); absent: false."""
+    if value is None or value is False or value is True:
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0", ""):
+        return value.strip().lower() in ("true", "1")
+    raise error(400, "return_confidence must be true or false")
+
+
+def confidence_body(confidence: SentenceConfidence | None, label: str | None) -> dict | None:
+    """A text's confidence as the dialects answer it: the native API's `confidence` object
+    (sentence and label absent without a calibration, as are the words' doubtful flags)."""
+    if confidence is None:
+        return None
+    body: dict[str, Any] = {"raw": confidence.raw}
+    if confidence.sentence is not None:
+        body = {"sentence": confidence.sentence, **body, "label": label}
+    body["words"] = [
+        {"word": w.word, "confidence": w.confidence}
+        | ({} if w.doubtful is None else {"doubtful": w.doubtful})
+        for w in confidence.words
+    ]
+    return body
 
 
 async def translate_texts(
@@ -212,7 +245,12 @@ async def translate_texts(
     )
     account(request, len(texts), result)
     others = [[a.text for a in item.n_best[1:]] for item in result.texts]
-    return Translated([item.text for item in result.texts], others)
+    return Translated(
+        [item.text for item in result.texts],
+        others,
+        [item.confidence for item in result.texts],
+        result.confidence_label,
+    )
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from service.http.dialect import (
     Decoding,
     Dialect,
     DialectError,
+    confidence_body,
+    confidence_flag,
     read_body,
     read_markup,
     search_options,
@@ -241,6 +243,9 @@ async def _translate(
     if text_format not in ("text", "html"):
         raise LibreError(400, f"{text_format} format is not supported")
     alternatives = _alternatives(fields.get("alternatives"), settings.max_beam_size - 1)
+    with_confidence = confidence_flag(fields.get("return_confidence"), LibreError)
+    if with_confidence and text_format == "html":
+        raise LibreError(400, "Invalid request: return_confidence is not available for html")
     # HTML: parsed first, so that detection reads the text, not the tags.
     documents = None
     if text_format == "html":
@@ -255,7 +260,9 @@ async def _translate(
         detected = {"confidence": found.confidence, "language": found.language}
     model = service.model_for(source, target, admitted_at(request))
     request.state.model = model.labels
-    options = search_options(Decoding(n_best=alternatives + 1), settings, model)
+    options = search_options(
+        Decoding(n_best=alternatives + 1, confidence=with_confidence), settings, model
+    )
     # No alternatives for HTML: LibreTranslate gives none either.
     found = await translate_texts(service, request, model, texts, options, documents)
     body: dict[str, Any] = {"translatedText": found.texts if batch else found.texts[0]}
@@ -263,6 +270,9 @@ async def _translate(
         body["alternatives"] = found.alternatives if batch else found.alternatives[0]
     if detected:
         body["detectedLanguage"] = [detected] * len(texts) if batch else detected
+    if with_confidence:  # our extension (LibreTranslate has none)
+        each = [confidence_body(c, found.confidence_label) for c in found.confidence]
+        body["confidence"] = each if batch else each[0]
     return JSONResponse(body)
 
 

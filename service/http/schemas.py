@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validat
 from pydantic_core import PydanticCustomError
 
 from service.http.dialect import Decoding
+from service.serving.confidence import SentenceConfidence
 from service.serving.requests import RequestResult, SentenceAlignment
 from service.serving.settings import Settings
 
@@ -46,6 +47,7 @@ class TranslateRequestBase(BaseModel):
     return_alignment: bool
     alignment_layer: int | None
     alignment_heads: Literal["mean", "all"]
+    return_confidence: bool
     glossary_id: str | None
     glossary: list[GlossaryTerm] | None
     model_version: int | None
@@ -64,6 +66,7 @@ class TranslateRequestBase(BaseModel):
             alignment=self.return_alignment,
             alignment_layer=self.alignment_layer,
             alignment_heads=self.alignment_heads == "all",
+            confidence=self.return_confidence,
         )
 
 
@@ -142,6 +145,14 @@ def translate_request_model(settings: Settings) -> type[TranslateRequestBase]:
             "mean",
             description="with return_alignment: 'mean' averages the layer's heads; 'all' also "
             "returns each head's weights (head_weights)",
+        )
+        return_confidence: bool = Field(
+            False,
+            strict=True,
+            description="add each translation's confidence: a calibrated sentence confidence "
+            "(the estimated probability that the translation is good; null for a model "
+            "without a calibration), the raw score, and each word's probability "
+            "(docs/confidence.md)",
         )
         glossary_id: str | None = Field(
             None,
@@ -232,6 +243,33 @@ class Alignment(BaseModel):
         return found
 
 
+class WordConfidence(BaseModel):
+    word: str
+    confidence: float = Field(description="the probability the decoder gave the word")
+    doubtful: bool | None = Field(
+        None, description="below the model's word threshold (null without a calibration)"
+    )
+
+
+class Confidence(BaseModel):
+    sentence: float | None = Field(
+        description="0..1: the estimated probability that the translation is good (for a "
+        "text of several sentences, their mean); null when the model has no calibration"
+    )
+    raw: float = Field(description="the mean log-prob of the produced tokens (</s> included)")
+    label: str | None = Field(None, description="what 'good' means for this model's calibration")
+    words: list[WordConfidence]
+
+    @classmethod
+    def from_result(cls, found: SentenceConfidence, label: str | None) -> Confidence:
+        return cls(
+            sentence=found.sentence,
+            raw=found.raw,
+            label=label if found.sentence is not None else None,
+            words=[WordConfidence(**vars(word)) for word in found.words],
+        )
+
+
 class Translation(BaseModel):
     text: str
     score: float | None = Field(
@@ -239,6 +277,7 @@ class Translation(BaseModel):
     )
     n_best: list[Alternative] | None = Field(None, description="when n_best > 1, best first")
     alignment: list[Alignment] | None = Field(None, description="one entry per sentence")
+    confidence: Confidence | None = Field(None, description="with return_confidence")
 
 
 class Usage(BaseModel):
@@ -278,6 +317,9 @@ class TranslateResponse(BaseModel):
                 ]
             if request.return_alignment:
                 translation.alignment = [Alignment.from_result(a) for a in item.alignment]
+            if request.return_confidence and item.confidence is not None:
+                label = result.confidence_label
+                translation.confidence = Confidence.from_result(item.confidence, label)
             translations.append(translation)
         return cls(
             model=result.model,

@@ -42,6 +42,10 @@ PADDING = -1  # in `sequences`, before the first token of a row that joined late
 # this many; beyond it the buffers double when they are full): 64 positions of this model's
 # 3 layers are 384 KiB a row (fp32 keys and values), 48 MiB for 32 sentences with beam 4.
 RESERVED_POSITIONS = 64
+# While a sentence of the batch wants its confidence (SearchOptions.confidence), each row sees
+# at least this many best next tokens a step, and keeps them: a produced token's log-prob and
+# margin are read from them, and the step's entropy is estimated from them (token_confidence).
+CONFIDENCE_CANDIDATES = 8
 
 
 def pad_sources(sources: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -73,6 +77,7 @@ class _PerSentence:
     layer: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     heads: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     first: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # -1: none
+    confidence: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def __post_init__(self) -> None:
         self._sentences_changed()
@@ -84,6 +89,7 @@ class _PerSentence:
         self.any_alignment = bool(self.alignment.any())
         self.any_repeats = bool(self.repeats.any())
         self.any_first = bool((self.first >= 0).any())
+        self.any_confidence = bool(self.confidence.any())
         self.source_tokens = int(self.source_length.sum())
         self.limit_tokens = int(self.limit.sum())
 
@@ -103,6 +109,7 @@ class _PerSentence:
         self.heads = grow(self.heads, [s.options.alignment_heads for s in sentences])
         firsts = [-1 if s.options.first_token is None else s.options.first_token for s in sentences]
         self.first = grow(self.first, firsts)
+        self.confidence = grow(self.confidence, [s.options.confidence for s in sentences])
         self._sentences_changed()
 
     def keep(self, kept: np.ndarray) -> None:
@@ -128,6 +135,10 @@ class RunningBatch:
         self.sequences = np.zeros((0, 0), dtype=np.int64)
         self.feed = np.zeros(0, dtype=np.int64)
         self.history: np.ndarray | None = None
+        # While a sentence of the batch wants its confidence: each row's best next tokens at
+        # every step, right-aligned like the sequences ([rows, T, CONFIDENCE_CANDIDATES] ids,
+        # -1 for none, and their log-probs).
+        self.candidates: StepCandidates | None = None
 
     def __len__(self) -> int:
         return len(self.sentences)
@@ -201,6 +212,7 @@ class RunningBatch:
             self.sequences = np.zeros((new_rows, 0), dtype=np.int64)
             self.feed = np.zeros(0, dtype=np.int64)
             self.history = None
+            self.candidates = None
         else:
             self.cache.reserve(self.rows + new_rows, room)
             self.cache.extend(*parts)  # new rows in free slots; sources after ours
@@ -211,6 +223,10 @@ class RunningBatch:
         self.per_sentence.append(self.engine, sentences)
         if self.history is not None or any(s.options.alignment for s in sentences):
             self._grow_history(new_rows)
+        if self.candidates is not None:
+            self.candidates = self.candidates.grown(new_rows)
+        elif any(s.options.confidence for s in sentences):
+            self.candidates = StepCandidates.empty(self.rows, self.sequences.shape[1])
         self.strategy.joined(sentences)
 
     def _grow_history(self, new_rows: int) -> None:
@@ -246,8 +262,10 @@ class RunningBatch:
         return self.stepped(result)
 
     def top_k(self) -> int:
-        """How many best next tokens each row sees this step (the strategy's choice)."""
-        return self.strategy.top_k(self)
+        """How many best next tokens each row sees this step: the strategy's choice, and at
+        least CONFIDENCE_CANDIDATES while a sentence wants its confidence."""
+        k = self.strategy.top_k(self)
+        return max(k, CONFIDENCE_CANDIDATES) if self.per_sentence.any_confidence else k
 
     def wants_alignment(self) -> bool:
         return self.per_sentence.any_alignment
@@ -264,6 +282,10 @@ class RunningBatch:
             step_weights[:, 0] = chosen[:, :, : step_weights.shape[3]]
             self.history = np.concatenate([self.history, step_weights], axis=1)
         self.per_sentence.steps += 1
+        if self.candidates is not None:
+            # The model's own view, before a forced first token replaces it.
+            self.candidates = self.candidates.appended(result.top_ids, result.top_log_probs)
+            result = _first_k(result, self.strategy.top_k(self))  # it decodes as without
         if self.per_sentence.any_first:
             result = self._forced_first(result)
         return self.strategy.choose(self, result)
@@ -339,7 +361,7 @@ class RunningBatch:
             self.sentences = [self.sentences[i] for i in kept]
             self.per_sentence.keep(kept)
         if not self.sentences:
-            self.cache, self.history = None, None
+            self.cache, self.history, self.candidates = None, None, None
             self.sequences = np.zeros((0, 0), dtype=np.int64)
             self.feed = np.zeros(0, dtype=np.int64)
             return
@@ -359,6 +381,11 @@ class RunningBatch:
                 self.history = np.ascontiguousarray(self.history[rows, cut:, :, :width])
             else:
                 self.history = None
+        if self.candidates is not None:
+            if self.per_sentence.any_confidence:
+                self.candidates = self.candidates.kept(rows, needed)
+            else:
+                self.candidates = None
 
     def own(self, array: np.ndarray, row: int, sentence: int, count: int) -> np.ndarray:
         """The first `count` of a row's own columns (from the step its sentence joined) in a
@@ -366,17 +393,23 @@ class RunningBatch:
         start = array.shape[1] - int(self.per_sentence.steps[sentence])
         return array[row, start : start + count]
 
-    def alignment_of(self, row: int, sentence: int, count: int) -> dict:
-        """A row's alignment over its first `count` steps, if its sentence wants it: the
-        Hypothesis fields alignment [count, source length] (head mean) and head_alignment
-        [count, H, source length] (when asked for)."""
-        if not self.per_sentence.alignment[sentence]:
-            return {}
-        source_length = int(self.per_sentence.source_length[sentence])
-        heads = self.own(self.history, row, sentence, count)[:, :, :source_length]
-        found = {"alignment": heads.mean(axis=1)}
-        if self.per_sentence.heads[sentence]:
-            found["head_alignment"] = heads.copy()
+    def details_of(self, row: int, sentence: int, produced: list[int]) -> dict:
+        """What a row's sentence asked to know besides its tokens, over the row's `produced`
+        tokens (</s> included when it ended): the Hypothesis fields alignment [count, source
+        length] (head mean) and head_alignment [count, H, source length] (when asked for),
+        and token_confidence [count, 3] (when asked for)."""
+        found = {}
+        count = len(produced)
+        if self.per_sentence.alignment[sentence]:
+            source_length = int(self.per_sentence.source_length[sentence])
+            heads = self.own(self.history, row, sentence, count)[:, :, :source_length]
+            found["alignment"] = heads.mean(axis=1)
+            if self.per_sentence.heads[sentence]:
+                found["head_alignment"] = heads.copy()
+        if self.per_sentence.confidence[sentence]:
+            ids = self.own(self.candidates.ids, row, sentence, count)
+            log_probs = self.own(self.candidates.log_probs, row, sentence, count)
+            found["token_confidence"] = token_confidence(ids, log_probs, np.array(produced))
         return found
 
 
@@ -452,6 +485,77 @@ def _rows_of(result: StepResult, start: int, stop: int, top_k: int, forced: int)
         alignment=rows(result.alignment),
         attention=rows(result.attention),
         forced_log_probs=None if not forced else result.forced_log_probs[start:stop, :forced],
+    )
+
+
+@dataclass(frozen=True)
+class StepCandidates:
+    """Each row's best next tokens at every step so far, right-aligned like the sequences:
+    ids [rows, T, C] (-1: none) and their log-probs [rows, T, C] (-inf: none)."""
+
+    ids: np.ndarray
+    log_probs: np.ndarray
+
+    @classmethod
+    def empty(cls, rows: int, steps: int) -> StepCandidates:
+        shape = (rows, steps, CONFIDENCE_CANDIDATES)
+        return cls(np.full(shape, -1, dtype=np.int64), np.full(shape, -np.inf, dtype=np.float32))
+
+    def grown(self, new_rows: int) -> StepCandidates:
+        """With rows for sentences that just joined (no steps yet)."""
+        more = StepCandidates.empty(new_rows, self.ids.shape[1])
+        return StepCandidates(
+            np.concatenate([self.ids, more.ids]), np.concatenate([self.log_probs, more.log_probs])
+        )
+
+    def appended(self, top_ids: np.ndarray, top_log_probs: np.ndarray) -> StepCandidates:
+        """With this step's top-k ([rows, k], best first) as the last column."""
+        step = StepCandidates.empty(len(top_ids), 1)
+        width = min(top_ids.shape[1], CONFIDENCE_CANDIDATES)
+        step.ids[:, 0, :width] = top_ids[:, :width]
+        step.log_probs[:, 0, :width] = top_log_probs[:, :width]
+        return StepCandidates(
+            np.concatenate([self.ids, step.ids], axis=1),
+            np.concatenate([self.log_probs, step.log_probs], axis=1),
+        )
+
+    def kept(self, rows: np.ndarray, steps: int) -> StepCandidates:
+        """Rows `rows` (row j continues old row rows[j]), their last `steps` steps."""
+        cut = max(0, self.ids.shape[1] - steps)
+        return StepCandidates(self.ids[rows, cut:], self.log_probs[rows, cut:])
+
+
+def token_confidence(ids: np.ndarray, log_probs: np.ndarray, produced: np.ndarray) -> np.ndarray:
+    """How sure the decoder was of each produced token: [count, 3] (TOKEN_CONFIDENCE), from
+    each step's best candidates ids [count, C] and log-probs [count, C] (best first) and the
+    tokens it produced [count].
+
+    * log_prob: the token's log-prob (NaN when it was not among the candidates: forced);
+    * entropy: of the step's distribution, estimated from the candidates with everything
+      else as one more outcome (a lower bound of the full entropy; close to it when the
+      candidates hold most of the mass, which is when it matters);
+    * margin: the token's log-prob minus the best other candidate's (negative when a beam
+      took a token that was not the step's best; NaN without another candidate)."""
+    probs = np.exp(log_probs.astype(np.float64))  # -inf -> 0
+    rest = np.clip(1.0 - probs.sum(axis=1), 0.0, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(probs > 0, -probs * np.log(probs), 0.0).sum(axis=1)
+        entropy = terms + np.where(rest > 0, -rest * np.log(rest), 0.0)
+    chosen = ids == produced[:, None]  # [count, C]
+    found = chosen.any(axis=1)
+    chosen_log_prob = np.where(found, np.where(chosen, log_probs, -np.inf).max(axis=1), np.nan)
+    others = np.where(chosen | (ids < 0), -np.inf, log_probs).max(axis=1)
+    with np.errstate(invalid="ignore"):
+        margin = np.where(found & np.isfinite(others), chosen_log_prob - others, np.nan)
+    return np.stack([chosen_log_prob, entropy, margin], axis=1).astype(np.float32)
+
+
+def _first_k(result: StepResult, top_k: int) -> StepResult:
+    """A step's result with each row's top_k best tokens only."""
+    if result.top_ids.shape[1] <= top_k:
+        return result
+    return replace(
+        result, top_ids=result.top_ids[:, :top_k], top_log_probs=result.top_log_probs[:, :top_k]
     )
 
 

@@ -38,6 +38,9 @@ class SearchOptions:
     # target-language token (nmt_contract.Languages.forced_target); None: none. Part of the
     # options, so it is part of a cached translation's key too.
     first_token: int | None = None
+    # Keep, per produced token, how sure the decoder was (Hypothesis.token_confidence): what
+    # a translation's confidence is computed from (service/serving/confidence.py).
+    confidence: bool = False
 
 
 @dataclass(eq=False)

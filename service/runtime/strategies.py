@@ -160,12 +160,12 @@ class GreedySearch(SearchStrategy):
             # tokens, </s> included (a stuck row took none this step)
             produced = int(steps[row]) - int(stuck is not None and stuck[row])
             tokens = batch.own(batch.sequences, row, row, produced).tolist()
+            details = batch.details_of(row, row, tokens)
             if tokens and tokens[-1] == eos:
                 tokens.pop()
             penalty = batch.per_sentence.penalty[row]
             score = float(self.log_probs[row] / max(produced, 1) ** penalty)
-            alignment = batch.alignment_of(row, row, produced)
-            hypothesis = Hypothesis(tokens, score, float(self.log_probs[row]), **alignment)
+            hypothesis = Hypothesis(tokens, score, float(self.log_probs[row]), **details)
             finished.append(Finished(batch.sentences[row], [hypothesis], int(steps[row])))
         if finished:
             kept = np.flatnonzero(~ended)
@@ -289,9 +289,9 @@ class BeamSearch(SearchStrategy):
             own = batch.sequences[row, batch.sequences.shape[1] - (length[j] - 1) :]
             body = own.tolist() + ([] if token == eos else [int(token)])
             score = float(top_scores[j, rank])
-            alignment = batch.alignment_of(row, j, int(length[j]))
+            details = batch.details_of(row, j, body + ([int(eos)] if token == eos else []))
             normalized = score / length[j] ** penalty[j]
-            self.finished[j].append(Hypothesis(body, normalized, score, **alignment))
+            self.finished[j].append(Hypothesis(body, normalized, score, **details))
             self._finished_one(j, int(row - first_row[j, 0]), int(token))
             if len(self.finished[j]) >= width:
                 self.kth_best[j] = sorted(h.score for h in self.finished[j])[-width]
@@ -321,9 +321,9 @@ class BeamSearch(SearchStrategy):
             row, produced = j * width + beam, max(int(length[j]) - 1, 1)
             score = float(self.scores[j, beam])
             own = batch.sequences[row, batch.sequences.shape[1] - (int(length[j]) - 1) :]
-            alignment = batch.alignment_of(row, j, int(length[j]) - 1)
+            details = batch.details_of(row, j, own.tolist())
             normalized = score / produced ** penalty[j]
-            hypothesis = Hypothesis(own.tolist(), normalized, score, **alignment)
+            hypothesis = Hypothesis(own.tolist(), normalized, score, **details)
             self.finished[j].append(hypothesis)
             self._finished_one(j, beam, None)
 

@@ -94,6 +94,15 @@ class Metrics:
             buckets=(0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0),
             registry=registry,
         )
+        self.translation_confidence = Histogram(
+            "nmt_translation_confidence",
+            "per translated sentence whose confidence was asked for (return_confidence), its "
+            "calibrated confidence: a falling median means the traffic left what the model "
+            "knows (alert NmtConfidenceDropped)",
+            ["model", "version"],
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0),
+            registry=registry,
+        )
         self.request_duration = Histogram(
             "nmt_request_duration_seconds",
             "time from receiving a request to sending its answer",
@@ -376,6 +385,11 @@ class Metrics:
     # Requests (the HTTP middleware) and models (the registry).
     def observe_terms_kept(self, model: ModelLabels, ratio: float) -> None:
         self.glossary_terms_kept.labels(*model).observe(ratio)
+
+    def observe_confidence(self, model: ModelLabels, confidences: list[float]) -> None:
+        histogram = self.translation_confidence.labels(*model)
+        for confidence in confidences:
+            histogram.observe(confidence)
 
     def observe_request(self, route: str, model: ModelLabels, status: int, seconds: float) -> None:
         self.requests.labels(route, *model, str(status)).inc()

@@ -34,6 +34,7 @@ from service.runtime.running_batch import RunningBatch, running_batch, step_toge
 from service.runtime.search import SearchOptions
 from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
+from service.serving.confidence import CalibrationFile, load_calibration
 from service.serving.errors import (
     ModelLoadFailed,
     ModelUnavailable,
@@ -66,6 +67,9 @@ class LoadedModel:
     load_seconds: float
     # A multilingual model asked for one of its pairs (`directed`); None: its default pair
     direction: tuple[str, str] | None = None
+    # What its sentence confidence is computed with (the bundle's confidence.json); None:
+    # the raw score only
+    calibration: CalibrationFile | None = None
 
     @property
     def source_lang(self) -> str:
@@ -560,6 +564,7 @@ class ModelRegistry:
         settings = self.settings
         started = time.monotonic()
         bundle = load_bundle(path)
+        calibration = load_calibration(path)  # (a broken one fails the load, as a bundle's file)
         shortlist = settings.shortlist and bundle.has_shortlist
         if settings.shortlist and not shortlist:
             log.warning("%s has no vocabulary shortlist: it scores the full vocabulary", path)
@@ -604,7 +609,9 @@ class ModelRegistry:
             self.metrics.observe_model_loaded(labels, seconds, limits.max_queued)
         # The encoder has max_positions positions; longer sentences cannot be encoded at all.
         token_limit = min(settings.max_tokens_per_sentence, bundle.dims["max_positions"])
-        return LoadedModel(name, version, bundle, translator, loop, token_limit, seconds)
+        return LoadedModel(
+            name, version, bundle, translator, loop, token_limit, seconds, calibration=calibration
+        )
 
 
 class RepositoryWatch:

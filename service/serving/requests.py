@@ -25,6 +25,15 @@ from nmt_contract import Hypothesis
 from service.runtime.search import SearchOptions
 from service.runtime.tokenizer import BundleTokenizer
 from service.serving.cache import TranslationCache
+from service.serving.confidence import (
+    SentenceConfidence,
+    search_of,
+    sentence_confidence,
+    sentence_features,
+    text_confidence,
+    through_pivot,
+    words_of,
+)
 from service.serving.errors import (
     AlignmentTooLarge,
     ClientGone,
@@ -109,6 +118,10 @@ class TextResult:
     # what a pivot's second model translates, and how it puts the text back together.
     sentences: list[list[Alternative]] = field(default_factory=list)
     layout: SplitText = field(default_factory=lambda: SplitText([], []))
+    # With options.confidence: the text's (confidence.text_confidence), and each of its
+    # sentences' (None for one without letters, returned as it was)
+    confidence: SentenceConfidence | None = None
+    sentence_confidences: list[SentenceConfidence | None] = field(default_factory=list)
 
 
 @dataclass
@@ -123,6 +136,7 @@ class RequestResult:
     pivot: str | None = None  # the language translated through, when no model did it directly
     terms: int = 0  # glossary terms found in the sentences
     terms_kept: int = 0  # ... and found in their translations
+    confidence_label: str | None = None  # what the model's calibration calls good
 
 
 class TranslationService:
@@ -312,7 +326,8 @@ class TranslationService:
         limit = self.settings.max_sentences_per_request if not background else 1 << 30
         with self.tracing.span("nmt.prepare", model):
             prepared = await off_loop(characters, _prepare, model, texts, limit, split, terminology)
-        hypotheses = await self._run(model, prepared, options, deadline, client_gone, background)
+        decoding = decoding_options(options)
+        hypotheses = await self._run(model, prepared, decoding, deadline, client_gone, background)
         weights = 0
         if options.alignment and alignment_weights:  # counted before any list is built
             weights = _alignment_weights(prepared, hypotheses)
@@ -332,6 +347,14 @@ class TranslationService:
         result.alignment_weights = weights
         if result.terms and self.metrics is not None:
             self.metrics.observe_terms_kept(model.labels, result.terms_kept / result.terms)
+        if options.confidence and self.metrics is not None:
+            confidences = [
+                c.sentence
+                for text in result.texts
+                for c in text.sentence_confidences
+                if c is not None and c.sentence is not None
+            ]
+            self.metrics.observe_confidence(model.labels, confidences)
         return result
 
     async def _run(
@@ -506,6 +529,38 @@ def _prepare(
     return _Prepared(splits, sources, owners, slots, terms)
 
 
+def decoding_options(options: SearchOptions) -> SearchOptions:
+    """What the loop is asked for: with confidence, also the alignment (its attention
+    features) and every hypothesis of a beam (their agreement); the answer then shows only
+    what the client asked for."""
+    if not options.confidence:
+        return options
+    alignment_layer = options.alignment_layer if options.alignment else -1
+    n_best = max(options.n_best, options.beam_size)
+    return replace(options, alignment=True, alignment_layer=alignment_layer, n_best=n_best)
+
+
+def _confidence(
+    model: LoadedModel,
+    source: list[int],
+    hypotheses: list[Hypothesis],
+    options: SearchOptions,
+    with_terms: bool,
+) -> SentenceConfidence:
+    """One sentence's confidence, from its hypotheses decoded with decoding_options."""
+    best = hypotheses[0]
+    tokens, log_probs, skip_first = words_of(best, options.first_token)
+    features = sentence_features(best, hypotheses[1:], len(source), skip_first)
+    beams = options.beam_size if not with_terms else max(options.beam_size, TERM_BEAMS)
+    return sentence_confidence(
+        model.calibration,
+        search_of(beams),
+        features,
+        model.translator.tokenizer.target_pieces(tokens),
+        log_probs,
+    )
+
+
 def _alignment_weights(prepared: _Prepared, hypotheses: list[list[Hypothesis]]) -> int:
     """The attention weights an answer would carry: for each sentence of each text (a
     repeated sentence, decoded once, is in the answer as often as it is in the request),
@@ -565,9 +620,24 @@ def _assemble(
                 for slot in slots
             ]
         sentences = [[Alternative(text, score) for text, score in c] for c in choices]
-        results.append(
-            TextResult(n_best[0].text, n_best[0].score, n_best, alignment, sentences, split)
-        )
+        result = TextResult(n_best[0].text, n_best[0].score, n_best, alignment, sentences, split)
+        if options.confidence:
+            result.sentence_confidences = [
+                None
+                if slot is None
+                else _confidence(
+                    model,
+                    prepared.sources[slot],
+                    hypotheses[slot],
+                    options,
+                    prepared.terms[slot] is not None,
+                )
+                for slot in slots
+            ]
+            result.confidence = text_confidence(
+                [c for c in result.sentence_confidences if c is not None]
+            )
+        results.append(result)
     found = [(terms, hypotheses[i][0]) for i, terms in enumerate(prepared.terms) if terms]
     return RequestResult(
         model=model.name,
@@ -578,6 +648,7 @@ def _assemble(
         output_tokens=sum(len(h[0].tokens) for h in hypotheses),
         terms=sum(len(terms.targets) for terms, _ in found),
         terms_kept=sum(kept(tokenizer.decode(best.tokens), terms.targets) for terms, best in found),
+        confidence_label=None if model.calibration is None else model.calibration.label,
     )
 
 
@@ -609,16 +680,23 @@ def _join_legs(
                 for a, s in zip(text.alignment, sentences, strict=True)
             ]
             weights += sum(len(a.weights) * len(a.source_tokens) for a in alignment)
-        results.append(
-            TextResult(
-                n_best[0].text,
-                n_best[0].score,
-                n_best,
-                alignment,
-                [s.sentences[0] if s.sentences else s.n_best for s in sentences],
-                text.layout,
-            )
+        joined = TextResult(
+            n_best[0].text,
+            n_best[0].score,
+            n_best,
+            alignment,
+            [s.sentences[0] if s.sentences else s.n_best for s in sentences],
+            text.layout,
         )
+        if options.confidence:
+            joined.sentence_confidences = [
+                None if mine is None or s.confidence is None else through_pivot(mine, s.confidence)
+                for mine, s in zip(text.sentence_confidences, sentences, strict=True)
+            ]
+            joined.confidence = text_confidence(
+                [c for c in joined.sentence_confidences if c is not None]
+            )
+        results.append(joined)
     return RequestResult(
         model=pivot.name,
         model_version=None,
@@ -628,6 +706,7 @@ def _join_legs(
         output_tokens=second.output_tokens,  # and got back
         alignment_weights=weights,
         pivot=pivot.via,
+        confidence_label=second.confidence_label,
     )
 
 

@@ -274,3 +274,44 @@ def test_a_decoder_graph_from_another_exporter_is_refused_at_load(
     (copy / "bundle.json").write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match=r"lacks attention_0.*re-export"):
         Engine(load_bundle(copy))
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_token_confidence_is_what_torch_gives_the_produced_tokens(
+    tiny_checkpoint: Path, tiny_bundle: Path, beam_size: int
+) -> None:
+    """SearchOptions.confidence: per produced token (</s> included), its log-prob, the entropy
+    estimated from the step's 8 best tokens (the rest as one outcome) and its margin over the
+    best other token, as torch computes them with the hypothesis' own tokens fed in; and the
+    search finds the same hypotheses as without it."""
+    model, _ = load_model_dir(tiny_checkpoint)
+    engine = Engine(load_bundle(tiny_bundle))
+    sources = random_sources(4, 400, seed=21)
+    plain = SearchOptions(beam_size=beam_size, n_best=beam_size, max_length=20)
+    options = SearchOptions(beam_size=beam_size, n_best=beam_size, max_length=20, confidence=True)
+    without = search(engine, sources, plain)
+    found = search(engine, sources, options)
+    for source, ours, theirs in zip(sources, found, without, strict=True):
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+        for hypothesis in ours:
+            steps = hypothesis.token_confidence.shape[0]
+            produced = [*hypothesis.tokens, model.config.eos_id][:steps]
+            fed = torch.tensor([[model.config.decoder_start_id, *produced][:steps]])
+            source_ids = torch.tensor([source])
+            with torch.no_grad():
+                cross = model.cross_keys_values(model.encode(source_ids, source_ids != 0))
+                logits, _, _ = model.decode(fed, model.empty_cache(1), cross, source_ids != 0)
+            log_probs = torch.log_softmax(logits[0].double(), dim=-1)  # [T, V]
+            top = log_probs.topk(8, dim=-1).values
+            p = top.exp()
+            rest = (1 - p.sum(-1)).clamp(min=1e-30)
+            entropy = -(p * top).sum(-1) - rest * rest.log()
+            chosen = log_probs[torch.arange(steps), torch.tensor(produced)]
+            others = log_probs.clone()
+            others[torch.arange(steps), torch.tensor(produced)] = -torch.inf
+            margin = chosen - others.max(dim=-1).values
+            expected = torch.stack([chosen, entropy, margin], dim=1).numpy()
+            np.testing.assert_allclose(hypothesis.token_confidence, expected, atol=2e-4)
+            assert hypothesis.token_confidence[:, 0].sum() == pytest.approx(
+                hypothesis.log_prob, abs=1e-3
+            )

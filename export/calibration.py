@@ -1,0 +1,119 @@
+"""Fitting a bundle's confidence.json: what `nmt calibrate` learns on held-out sentences.
+
+The served model translates held-out sentences with their confidence features
+(service/serving/confidence.py: the same code the server answers with); this module labels
+them against the references and fits what the server applies:
+
+* the sentence confidence: a logistic regression (scikit-learn) over the standardized
+  features, predicting whether the translation is good: its sentence chrF against the
+  reference is at least `good_chrf`. Its mean and scale, weights and bias are the file's, so
+  the server needs no scikit-learn to apply it, and anyone can read what carries the signal.
+* the word threshold: a word is doubtful below the probability that best separates the
+  output words found in the reference from those that are not (Youden's J: the largest
+  true-positive rate minus false-positive rate).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import sacrebleu
+from scipy.stats import spearmanr
+from sklearn.linear_model import LogisticRegression
+
+# What a good translation is, by default: a sentence chrF of at least this against the
+# reference (on Multi30k's validation set, about two thirds of the committed model's beam-4
+# translations).
+GOOD_CHRF = 50.0
+
+
+def sentence_chrf(hypothesis: str, reference: str) -> float:
+    return float(sacrebleu.sentence_chrf(hypothesis, [reference]).score)
+
+
+@dataclass
+class FittedSearch:
+    """One search's logistic regression, as confidence.json stores it."""
+
+    features: list[str]
+    mean: list[float]
+    scale: list[float]
+    weights: list[float]
+    bias: float
+
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        z = self.bias + ((rows - np.array(self.mean)) / np.array(self.scale)) @ np.array(
+            self.weights
+        )
+        return 1.0 / (1.0 + np.exp(-z))
+
+
+def feature_matrix(features: list[dict[str, float]], names: list[str]) -> np.ndarray:
+    return np.array([[row[name] for name in names] for row in features], dtype=np.float64)
+
+
+def fit_search(rows: np.ndarray, good: np.ndarray, names: list[str]) -> FittedSearch:
+    """A logistic regression of `good` [n] on standardized `rows` [n, features]."""
+    mean = rows.mean(axis=0)
+    scale = rows.std(axis=0)
+    scale[scale == 0] = 1.0  # a constant feature (agreement in greedy search) carries nothing
+    model = LogisticRegression(C=1.0, max_iter=1000)
+    model.fit((rows - mean) / scale, good.astype(int))
+    return FittedSearch(
+        list(names),
+        [round(float(v), 6) for v in mean],
+        [round(float(v), 6) for v in scale],
+        [round(float(v), 6) for v in model.coef_[0]],
+        round(float(model.intercept_[0]), 6),
+    )
+
+
+def word_labels(words: list[str], reference: str) -> list[bool]:
+    """Per output word: whether it is wrong, i.e. not in the reference (compared lowercased,
+    without punctuation, each reference word matched at most once)."""
+    left = Counter(_plain(word) for word in reference.split())
+    wrong = []
+    for word in words:
+        plain = _plain(word)
+        if left[plain] > 0:
+            left[plain] -= 1
+            wrong.append(False)
+        else:
+            wrong.append(True)
+    return wrong
+
+
+def _plain(word: str) -> str:
+    return re.sub(r"[^\w]", "", word.lower())
+
+
+def word_threshold(probabilities: np.ndarray, wrong: np.ndarray) -> float:
+    """The probability below which a word is doubtful: the one that maximizes the share of
+    wrong words flagged minus the share of right words flagged."""
+    best, best_j = 0.5, -1.0
+    for threshold in np.round(np.arange(0.02, 1.0, 0.01), 2):
+        flagged = probabilities < threshold
+        j = flagged[wrong].mean() - flagged[~wrong].mean()
+        if j > best_j:
+            best, best_j = float(threshold), float(j)
+    return best
+
+
+def expected_calibration_error(confidence: np.ndarray, good: np.ndarray, bins: int = 10) -> float:
+    """The mean gap between predicted and observed rate of good translations, over
+    equal-width confidence bins, weighted by how many sentences fall in each."""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    which = np.clip(np.digitize(confidence, edges[1:-1]), 0, bins - 1)
+    gap = 0.0
+    for b in range(bins):
+        inside = which == b
+        if inside.any():
+            gap += inside.mean() * abs(confidence[inside].mean() - good[inside].mean())
+    return float(gap)
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    return float(spearmanr(a, b).statistic)
