@@ -4,10 +4,11 @@ The served model translates held-out sentences with their confidence features
 (service/serving/confidence.py: the same code the server answers with); this module labels
 them against the references and fits what the server applies:
 
-* the sentence confidence: a logistic regression (scikit-learn) over the standardized
-  features, predicting whether the translation is good: its sentence chrF against the
-  reference is at least `good_chrf`. Its mean and scale, weights and bias are the file's, so
-  the server needs no scikit-learn to apply it, and anyone can read what carries the signal.
+* the sentence confidence: a logistic regression over the standardized features, the
+  estimated probability that the translation is good (its sentence chrF against the
+  reference is at least `good_chrf`), fitted in two steps with scikit-learn (fit_search). Its
+  mean and scale, weights and bias are the file's, so the server needs no scikit-learn to
+  apply it, and anyone can read what carries the signal.
 * the word threshold: a word is doubtful below the probability that best separates the
   output words found in the reference from those that are not (Youden's J: the largest
   true-positive rate minus false-positive rate).
@@ -22,12 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 import sacrebleu
 from scipy.stats import spearmanr
-from sklearn.linear_model import LogisticRegression
+from sklearn.linear_model import LogisticRegression, Ridge
 
 # What a good translation is, by default: a sentence chrF of at least this against the
 # reference (on Multi30k's validation set, about two thirds of the committed model's beam-4
 # translations).
 GOOD_CHRF = 50.0
+# The ranking's ridge penalty (on standardized features; 1 to 100 rank alike on Multi30k).
+RIDGE_ALPHA = 10.0
 
 
 def sentence_chrf(hypothesis: str, reference: str) -> float:
@@ -55,19 +58,35 @@ def feature_matrix(features: list[dict[str, float]], names: list[str]) -> np.nda
     return np.array([[row[name] for name in names] for row in features], dtype=np.float64)
 
 
-def fit_search(rows: np.ndarray, good: np.ndarray, names: list[str]) -> FittedSearch:
-    """A logistic regression of `good` [n] on standardized `rows` [n, features]."""
+def fit_search(
+    rows: np.ndarray, chrf: np.ndarray, good_chrf: float, names: list[str]
+) -> FittedSearch:
+    """The sentence confidence for rows [n, features] of sentences whose chrF is `chrf` [n],
+    in two steps that fold into one logistic regression:
+
+    1. a ranking: a ridge regression of chrF on the standardized features (it uses every
+       difference in quality, where a classifier of good/not good sees only which side of
+       the threshold a sentence is on, and ranks worse: docs/confidence.md);
+    2. a calibration of that score (Platt scaling): a logistic regression of good (chrF >=
+       good_chrf) on it.
+
+    confidence = sigmoid(a * (ridge_bias + ridge_weights . z) + b) = sigmoid(bias + weights . z)
+    with z the standardized features: the file stores weights = a * ridge_weights and
+    bias = a * ridge_bias + b."""
     mean = rows.mean(axis=0)
     scale = rows.std(axis=0)
     scale[scale == 0] = 1.0  # a constant feature (agreement in greedy search) carries nothing
-    model = LogisticRegression(C=1.0, max_iter=1000)
-    model.fit((rows - mean) / scale, good.astype(int))
+    standardized = (rows - mean) / scale
+    ranking = Ridge(alpha=RIDGE_ALPHA).fit(standardized, chrf)
+    score = ranking.predict(standardized)
+    platt = LogisticRegression(C=1.0, max_iter=1000).fit(score[:, None], chrf >= good_chrf)
+    a, b = float(platt.coef_[0, 0]), float(platt.intercept_[0])
     return FittedSearch(
         list(names),
         [round(float(v), 6) for v in mean],
         [round(float(v), 6) for v in scale],
-        [round(float(v), 6) for v in model.coef_[0]],
-        round(float(model.intercept_[0]), 6),
+        [round(a * float(w), 6) for w in ranking.coef_],
+        round(a * float(ranking.intercept_) + b, 6),
     )
 
 

@@ -7,28 +7,32 @@ import pytest
 
 pytest.importorskip("sklearn", reason="needs the export extra (scikit-learn)")
 
-from sklearn.linear_model import LogisticRegression
+from sklearn.linear_model import LogisticRegression, Ridge
 
 from export import calibration as fit
 from service.serving.confidence import SearchCalibration
 
 
 def synthetic(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two features; good with the probability a known logistic model gives (the second
+    """Two features and a chrF: the first feature and noise make the chrF (the second
     feature carries nothing)."""
     rng = np.random.default_rng(seed)
     rows = np.column_stack([rng.normal(-0.4, 0.3, count), rng.normal(5.0, 2.0, count)])
-    chance = 1 / (1 + np.exp(-(1.0 + 6.0 * (rows[:, 0] + 0.4))))
-    return rows, rng.random(count) < chance
+    chrf = 60 + 40 * (rows[:, 0] + 0.4) + rng.normal(0, 12, count)
+    return rows, chrf
 
 
-def test_the_stored_regression_predicts_what_scikit_learn_predicts():
-    rows, good = synthetic(2000, seed=1)
-    fitted = fit.fit_search(rows, good, ["mean_log_prob", "mean_margin"])
+NAMES = ["mean_log_prob", "mean_margin"]
+
+
+def test_the_stored_regression_is_the_ridge_ranking_calibrated_by_scikit_learn():
+    rows, chrf = synthetic(2000, seed=1)
+    fitted = fit.fit_search(rows, chrf, 50.0, NAMES)
     standardized = (rows - rows.mean(axis=0)) / rows.std(axis=0)
-    reference = LogisticRegression(C=1.0, max_iter=1000).fit(standardized, good.astype(int))
+    score = Ridge(alpha=fit.RIDGE_ALPHA).fit(standardized, chrf).predict(standardized)
+    platt = LogisticRegression().fit(score[:, None], chrf >= 50.0)
+    expected_chances = platt.predict_proba(score[:50, None])[:, 1]
     served = SearchCalibration(**vars(fitted))
-    expected_chances = reference.predict_proba(standardized[:50])[:, 1]
     for row, expected in zip(rows[:50], expected_chances, strict=True):
         features = {"mean_log_prob": row[0], "mean_margin": row[1]}
         assert served.confidence(features) == pytest.approx(expected, abs=1e-4)
@@ -36,12 +40,17 @@ def test_the_stored_regression_predicts_what_scikit_learn_predicts():
 
 
 def test_a_regression_fitted_on_one_sample_is_calibrated_on_another():
-    rows, good = synthetic(4000, seed=2)
-    fitted = fit.fit_search(rows, good, ["mean_log_prob", "mean_margin"])
-    held_rows, held_good = synthetic(4000, seed=3)
+    rows, chrf = synthetic(4000, seed=2)
+    fitted = fit.fit_search(rows, chrf, 50.0, NAMES)
+    held_rows, held_chrf = synthetic(4000, seed=3)
+    held_good = held_chrf >= 50.0
     assert fit.expected_calibration_error(fitted.predict(held_rows), held_good) < 0.05
     # ... and a constant guess far from the truth is not
     assert fit.expected_calibration_error(np.full(4000, 0.99), held_good) > 0.2
+    # it ranks as the informative feature does
+    assert fit.spearman(fitted.predict(held_rows), held_chrf) == pytest.approx(
+        fit.spearman(held_rows[:, 0], held_chrf), abs=0.02
+    )
 
 
 def test_expected_calibration_error_of_known_bins():

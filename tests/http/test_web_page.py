@@ -2,8 +2,9 @@
 driven by Playwright, against a real `nmt serve` process.
 
 What a person does with it: read what the model is for, type French, translate, read the
-English, look at the heatmap and the alignment lines, hover words, use the keyboard, switch
-layers and heads (when the API returns them), meet an error, use it on a phone, translate a
+English, see how sure the model was of it and of each word, look at the heatmap and the
+alignment lines, hover words, use the keyboard, switch layers and heads (when the API returns
+them), meet an error, use it on a phone, translate a
 file (DeepL's document API) and download the result. The page's numbers are checked against
 the JSON the API sent, not against the page's own arithmetic; a translated file against what
 the text API answers for the same sentences.
@@ -12,7 +13,9 @@ Screenshots go to reports/screenshots/ (a test artifact; docs/page.png is one of
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -223,6 +226,146 @@ def test_the_heatmap_and_words_work_from_the_keyboard(page):
     page.locator(".tgt[data-t='0']").focus()
     assert page.locator(".tgt.active").inner_text() == alignment["target_words"][0]
     assert page.locator(".src.best").count() == 1
+
+
+def percent(probability: float) -> str:
+    """As the page writes a probability: whole percent, half up (JavaScript's Math.round)."""
+    return f"{math.floor(probability * 100 + 0.5)} %"
+
+
+def shown_words(page, where: str = "#translation") -> list[dict]:
+    """The tinted words under `where`: text, probability, tooltip, doubtful mark (class and
+    the underline the browser draws) and the alpha of their background."""
+    return page.locator(where).evaluate(
+        """node => [...node.querySelectorAll('.conf-word')].map(word => {
+            const style = getComputedStyle(word);
+            const rgba = style.backgroundColor.match(/[\\d.]+/g).map(Number);
+            return {
+                text: word.textContent,
+                confidence: Number(word.dataset.confidence),
+                title: word.title,
+                doubtful: word.classList.contains('doubtful'),
+                underlined: style.textDecorationLine.includes('underline'),
+                alpha: rgba.length === 4 ? rgba[3] : 1,
+            };
+        })"""
+    )
+
+
+def test_each_word_is_tinted_by_how_sure_the_model_was(page, fr_en_bundle: Path):
+    """The page asks for confidence; the translation's words are tinted by the probability the
+    decoder gave them (the less sure, the warmer), doubtful words underlined, each with its
+    probability as a tooltip; the box's text stays the translation's; the calibrated sentence
+    confidence shows as a percentage by the score, with what it means."""
+    assert (fr_en_bundle / "confidence.json").is_file()  # the served model is calibrated
+    with page.expect_request("**/v1/translate") as request:
+        answer = translate(page, SENTENCE)
+    assert json.loads(request.value.post_data)["return_confidence"] is True
+    translation = answer["translations"][0]
+    confidence = translation["confidence"]
+    words = confidence["words"]
+    assert {word["doubtful"] for word in words} == {True, False}  # some of each, to look at
+
+    shown = shown_words(page)
+    assert [w["text"] for w in shown] == [w["word"] for w in words] == translation["text"].split()
+    assert [w["confidence"] for w in shown] == [w["confidence"] for w in words]
+    for on_page, word in zip(shown, words, strict=True):
+        assert on_page["title"].startswith(
+            f"{word['word']}: probability {percent(word['confidence'])}"
+        )
+        assert on_page["doubtful"] == on_page["underlined"] == word["doubtful"]
+        assert ("doubtful" in on_page["title"]) == word["doubtful"]
+    # The less sure a word, the stronger its tint; a near-certain word is barely tinted.
+    by_confidence = sorted(shown, key=lambda w: w["confidence"])
+    assert all(a["alpha"] >= b["alpha"] for a, b in itertools.pairwise(by_confidence))
+    assert by_confidence[-1]["alpha"] < 0.05 < 0.2 < by_confidence[0]["alpha"]
+    # What is selected and copied is the translation, as the API wrote it.
+    assert page.locator("#translation").evaluate("n => n.textContent") == translation["text"]
+
+    expect(page.locator("#sentence-confidence")).to_have_text(percent(confidence["sentence"]))
+    score = page.locator("#score").inner_text()
+    assert score == (
+        f"score {translation['score']:.3f} (mean log-probability per token) · "
+        f"confidence {percent(confidence['sentence'])}"
+    )
+    note = page.locator("#confidence-note").inner_text()
+    assert "calibrated on held-out sentences" in note and confidence["label"] in note
+    assert "not a guarantee" in note and "not necessarily a wrong one" in note
+    doubtful = [w for w in words if w["doubtful"]]
+    expect(page.locator("#doubtful-words")).to_have_text(
+        "Doubtful words: "
+        + ", ".join(f"“{w['word']}” ({percent(w['confidence'])})" for w in doubtful)
+        + "."
+    )
+    page.hover("#translation .conf-word.doubtful")
+    screenshot(page, "page-confidence.png")
+
+
+def test_several_sentences_keep_their_layout_and_their_words_tints(page):
+    answer = translate(page, "Un chien dort.\n\nDeux chats jouent dans le jardin.")
+    translation = answer["translations"][0]
+    assert "\n\n" in translation["text"]
+    assert page.locator("#translation").evaluate("n => n.textContent") == translation["text"]
+    shown = shown_words(page)
+    assert [w["text"] for w in shown] == [w["word"] for w in translation["confidence"]["words"]]
+    assert "for several sentences, their mean" in page.locator("#confidence-note").inner_text()
+
+
+def test_words_that_do_not_line_up_with_the_text_are_shown_apart(page):
+    """Should the API's words ever differ from the text's, the box keeps the plain text and
+    the tinted words are shown on their own below it."""
+
+    def joined(route) -> None:
+        body = route.fetch().json()
+        words = body["translations"][0]["confidence"]["words"]
+        words[:2] = [{**words[0], "word": f"{words[0]['word']} {words[1]['word']}"}]
+        route.fulfill(json=body)
+
+    page.route("**/v1/translate", joined)
+    answer = translate(page, SENTENCE)
+    words = answer["translations"][0]["confidence"]["words"]
+    assert page.locator("#translation .conf-word").count() == 0
+    assert [w["text"] for w in shown_words(page, "#confidence-words")] == [w["word"] for w in words]
+
+
+@pytest.fixture(scope="module")
+def uncalibrated_server(
+    fr_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """The same model without its confidence.json."""
+    bundle = tmp_path_factory.mktemp("uncalibrated") / "fr-en"
+    bundle.mkdir()
+    for file in fr_en_bundle.iterdir():
+        if file.name != "confidence.json":
+            (bundle / file.name).symlink_to(file)
+    logs = tmp_path_factory.mktemp("uncalibrated-logs")
+    with running_server(bundle.parent, logs, threads=1, cache_entries=0) as server:
+        yield server
+
+
+def test_without_a_calibration_the_page_shows_the_raw_score_only(browser, uncalibrated_server):
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    page.goto(uncalibrated_server.url + "/")
+    expect(page.locator("#pair option").first).to_be_attached()
+    answer = translate(page, SENTENCE)
+    translation = answer["translations"][0]
+    confidence = translation["confidence"]
+    assert "sentence" not in confidence and "label" not in confidence
+    assert all("doubtful" not in word for word in confidence["words"])
+
+    shown = shown_words(page)  # still tinted by the decoder's probabilities, none doubtful
+    assert [w["confidence"] for w in shown] == [w["confidence"] for w in confidence["words"]]
+    assert not any(w["doubtful"] or w["underlined"] for w in shown)
+    assert page.locator("#sentence-confidence").count() == 0
+    assert page.locator("#doubtful-words").count() == 0
+    assert page.locator("#score").inner_text() == (
+        f"score {translation['score']:.3f} (mean log-probability per token) · "
+        "no calibrated confidence"
+    )
+    assert "no calibration" in page.locator("#confidence-note").inner_text()
+    assert "doubtful" not in page.locator("#confidence-legend").inner_text()
+    context.close()
 
 
 def test_an_api_error_is_shown_in_plain_words(page):
