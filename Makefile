@@ -7,7 +7,7 @@ MODEL ?= models/fr-en
 BUNDLES ?= build/models
 BUNDLE := $(BUNDLES)/$(notdir $(MODEL))
 
-.PHONY: serve translate bundle test test-slow test-all bench clean loadtest
+.PHONY: serve translate bundle distill test test-slow test-all bench clean loadtest
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,18 @@ loadtest: $(BUNDLE)/bundle.json $(VENV)/.loadtest-installed
 ## bench/ is not installed: it runs from the repository root. BENCH_ARGS adds its options.
 bench: $(VENV)/.dev-installed
 	$(BIN)/python -m bench.compare $(BENCH_ARGS)
+
+## Sequence-level distillation: the committed model's beam-4 translations of Multi30k's training
+## sources, a student's training targets (docs/quality.md), with the real val set to validate
+## on. Written outside the repository, like the data: nmt train --data-dir $(DISTILLED).
+MULTI30K ?= ../shared/data/multi30k
+DISTILLED ?= ../distilled/fr-en
+distill: $(BUNDLE)/bundle.json
+	mkdir -p $(DISTILLED)
+	$(BIN)/nmt translate --model-dir $(BUNDLE) --beam-size 4 --batch-size 64 \
+		< $(MULTI30K)/train.fr > $(DISTILLED)/train.en.partial
+	mv $(DISTILLED)/train.en.partial $(DISTILLED)/train.en
+	cp $(MULTI30K)/train.fr $(MULTI30K)/val.fr $(MULTI30K)/val.en $(DISTILLED)/
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

@@ -221,7 +221,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         good = chrf >= args.good_chrf
         names = list(SEARCH_FEATURES[search])
         rows = fit.feature_matrix([s.features for s in scored], names)
-        fitted = fit.fit_search(rows, chrf, args.good_chrf, names)
+        try:
+            fitted = fit.fit_search(rows, chrf, args.good_chrf, names)
+        except ValueError as error:
+            raise SystemExit(f"nmt calibrate: {search} search: {error}") from None
         searches[search] = vars(fitted)
         confidence = fitted.predict(rows)
         metrics[f"{search}_good_share"] = round(float(good.mean()), 4)

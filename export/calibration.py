@@ -31,6 +31,8 @@ from sklearn.linear_model import LogisticRegression, Ridge
 GOOD_CHRF = 50.0
 # The ranking's ridge penalty (on standardized features; 1 to 100 rank alike on Multi30k).
 RIDGE_ALPHA = 10.0
+# Translations needed on each side of the threshold (good and not good) to fit anything.
+MIN_SIDE = 20
 
 
 def sentence_chrf(hypothesis: str, reference: str) -> float:
@@ -73,6 +75,13 @@ def fit_search(
     confidence = sigmoid(a * (ridge_bias + ridge_weights . z) + b) = sigmoid(bias + weights . z)
     with z the standardized features: the file stores weights = a * ridge_weights and
     bias = a * ridge_bias + b."""
+    good = int((chrf >= good_chrf).sum())
+    if min(good, len(chrf) - good) < MIN_SIDE:
+        raise ValueError(
+            f"{good} of {len(chrf)} translations have a chrF of at least {good_chrf:g}: too "
+            f"few on one side to learn from (at least {MIN_SIDE} each); choose another "
+            f"threshold (their median chrF is {float(np.median(chrf)):.1f}) or more sentences"
+        )
     mean = rows.mean(axis=0)
     scale = rows.std(axis=0)
     scale[scale == 0] = 1.0  # a constant feature (agreement in greedy search) carries nothing

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,7 +15,10 @@ pytest.importorskip("sklearn", reason="needs the export extra (scikit-learn)")
 from sklearn.linear_model import LogisticRegression, Ridge
 
 from export import calibration as fit
-from service.serving.confidence import SearchCalibration
+from export.train_config import multi30k_dir
+from nmt_contract import CONFIDENCE_FILE
+from service.serving.confidence import SearchCalibration, load_calibration
+from tests.conftest import ROOT
 
 
 def synthetic(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,3 +90,37 @@ def test_the_word_threshold_separates_wrong_words_from_right_ones():
 def test_sentence_chrf_is_sacrebleus():
     assert fit.sentence_chrf("A dog runs.", "A dog runs.") == pytest.approx(100.0)
     assert fit.sentence_chrf("xyz", "A dog runs.") < 10
+
+
+def test_a_threshold_with_too_few_on_one_side_is_refused_saying_why():
+    rows, chrf = synthetic(200, seed=5)
+    with pytest.raises(ValueError, match=r"too few on one side.*median chrF is"):
+        fit.fit_search(rows, chrf, 500.0, NAMES)
+
+
+@pytest.mark.slow
+def test_nmt_calibrate_writes_a_calibration_the_server_reads(fr_en_bundle: Path, tmp_path: Path):
+    """`nmt calibrate` on 300 Multi30k val sentences, through the command line, then read as
+    the server reads it."""
+    data = multi30k_dir()
+    if not (data / "val.fr").exists():
+        pytest.skip(f"Multi30k is not at {data}")
+    for language in ("fr", "en"):
+        lines = (data / f"val.{language}").read_text().splitlines()[:300]
+        (tmp_path / f"val.{language}").write_text("\n".join(lines) + "\n")
+    out = tmp_path / CONFIDENCE_FILE  # (not into the shared bundle)
+    done = subprocess.run(
+        [sys.executable, "nmt_cli.py", "calibrate", "--model-dir", str(fr_en_bundle),
+         "--source", str(tmp_path / "val.fr"), "--reference", str(tmp_path / "val.en"),
+         "--out", str(out), "--threads", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    calibration = load_calibration(tmp_path)
+    assert set(calibration.searches) == {"greedy", "beam"}
+    assert 0 < calibration.word_threshold < 1
+    summary = json.loads(done.stdout)
+    # on the data it was fitted on, it ranks at least about as well as the raw score
+    for search in ("greedy", "beam"):
+        assert summary[f"{search}_spearman"] > summary[f"{search}_spearman_raw"] - 0.05
+        assert summary[f"{search}_ece"] < 0.1

@@ -54,7 +54,11 @@ def test_training_learns_to_reverse_word_order(reverse_corpus: Path, tmp_path: P
 def train_command(config: TrainConfig, run_dir: Path) -> list[str]:
     command = [sys.executable, "-m", "nmt_cli", "train", "--run-dir", str(run_dir)]
     for field in dataclasses.fields(config):
-        command += ["--" + field.name.replace("_", "-"), str(getattr(config, field.name))]
+        flag, value = "--" + field.name.replace("_", "-"), getattr(config, field.name)
+        if isinstance(value, bool):  # a switch: --pre-norm / --no-pre-norm
+            command.append(flag if value else "--no-" + flag[2:])
+        else:
+            command += [flag, str(value)]
     return command
 
 
