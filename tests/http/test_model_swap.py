@@ -2,7 +2,8 @@
 version 2 is copied into the repository and loaded, then a broken version 3 is tried, then
 version 1 is loaded back (a rollback).
 
-What must hold: no request fails; every answer from version 1 was asked for before the switch
+What must hold: no request fails; /readyz answers 200 throughout (a load balancer never takes
+the replica out); every answer from version 1 was asked for before the switch
 ended; after it, version 2 answers; version 3 is refused with its reason (409) while version 2
 serves on. What it measures, printed (`pytest -s -m slow tests/http/test_model_swap.py`): the
 load's duration (load, warm-up and switch), p99 latency before, during and after, and the
@@ -63,6 +64,16 @@ def client_loop(url: str, texts: list[str], offset: int, stop: threading.Event, 
             n += CLIENTS
 
 
+def readiness_loop(url: str, stop: threading.Event, out: list[int]) -> None:
+    """/readyz as a load balancer's probe sees it, every 20 ms."""
+    with httpx.Client(timeout=10) as http:
+        while not stop.wait(0.02):
+            try:
+                out.append(http.get(f"{url}/readyz").status_code)
+            except httpx.HTTPError:
+                out.append(0)
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -103,17 +114,19 @@ def test_a_version_swapped_under_load_fails_no_request(
     add_version(repository, "fr-en", 1, fr_en_bundle)
     texts = sentences()
     answers: list[Answer] = []
+    readiness: list[int] = []
     stop = threading.Event()
     with running_server(repository, logs, threads=1, cache_entries=0) as server:
         pid = server.process.pid
-        one_version = rss_mib(pid)
         clients = [
             threading.Thread(target=client_loop, args=(server.url, texts, i, stop, answers))
             for i in range(CLIENTS)
         ]
+        clients.append(threading.Thread(target=readiness_loop, args=(server.url, stop, readiness)))
         for client in clients:
             client.start()
         time.sleep(6)
+        one_version = rss_mib(pid)  # under the same load as the peak and after
 
         copy_in(fr_en_bundle, repository, 2)
         memory = PeakMemory(pid)
@@ -157,6 +170,9 @@ def test_a_version_swapped_under_load_fails_no_request(
     assert all(a.version == 1 for a in answers if a.started > rolled_back)
     assert any(a.started > rolled_back for a in answers)
 
+    not_ready = [status for status in readiness if status != 200]
+    assert readiness and not not_ready, f"/readyz: {len(not_ready)} of {len(readiness)} not 200"
+
     failed = [a for a in answers if a.status != 200]
     assert not failed, f"{len(failed)} of {len(answers)} requests failed: {failed[:5]}"
     # Version 1 answered only what was asked before the switch ended; version 2 after it.
@@ -173,7 +189,7 @@ def test_a_version_swapped_under_load_fails_no_request(
     first_v2 = min(a.ended for a in answers if a.version == 2)
     print(
         f"\nmodel swap under load ({CLIENTS} closed-loop clients, beam 2, one engine thread): "
-        f"{len(answers)} requests, 0 failed\n"
+        f"{len(answers)} requests, 0 failed; /readyz 200 in {len(readiness)} probes\n"
         f"  load of version 2 (read, warm-up, switch): {load_ended - load_started:.2f} s; "
         f"last answer of version 1 {last_v1 - load_started:+.2f} s, first of version 2 "
         f"{first_v2 - load_started:+.2f} s from the load's start\n"

@@ -51,6 +51,13 @@ def test_the_key_holds_the_model_and_the_decoding_options():
     assert cache.lookup("other", [[1]], GREEDY) == [None]
 
 
+def test_a_new_version_of_a_model_does_not_answer_from_the_old_one_s_entries():
+    cache = TranslationCache(max_entries=10, max_bytes=10**6)
+    cache.store(("fr-en", "1"), [[1]], GREEDY, [hypotheses(1)])
+    assert cache.lookup(("fr-en", "2"), [[1]], GREEDY) == [None]
+    assert cache.lookup(("fr-en", "1"), [[1]], GREEDY) == [hypotheses(1)]
+
+
 def test_the_byte_bound_holds_and_an_entry_larger_than_the_cache_is_not_kept():
     cache = TranslationCache(max_entries=100, max_bytes=20_000)
     for n in range(10):

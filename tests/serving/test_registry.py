@@ -19,6 +19,7 @@ from service.serving.errors import (
     UnknownPair,
 )
 from service.serving.metrics import Metrics
+from service.serving import registry as registry_module
 from service.serving.registry import ModelRegistry, RepositoryWatch
 from service.serving.repository import ModelRepository, VersionPolicy
 from service.serving.settings import Settings
@@ -168,6 +169,61 @@ def test_a_broken_version_is_refused_with_its_reason_and_the_old_one_keeps_servi
         assert metrics is not None
         failed = {"model": "fr-en", "version": "2", "outcome": "failed"}
         assert metrics.registry.get_sample_value("nmt_model_loads_total", failed) == 1
+    finally:
+        registry.close()
+
+
+def test_a_version_whose_warm_up_fails_is_refused_and_the_old_one_keeps_serving(
+    repository: Path, fr_en_bundle: Path, monkeypatch: pytest.MonkeyPatch
+):
+    registry = registry_of(repository, warmup=True)
+    registry.load_all()  # version 1 warms up for real
+    try:
+        add_version(repository, "fr-en", 2, fr_en_bundle)
+
+        def out_of_memory(translator, beam_size: int) -> None:
+            # What ONNX Runtime raises when the first runs cannot allocate their buffers.
+            raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate")
+
+        monkeypatch.setattr(registry_module, "_warm_up", out_of_memory)
+        with pytest.raises(ModelLoadFailed, match=r"version 2: .*Failed to allocate.*version 1"):
+            registry.load("fr-en")
+        serving = registry.get("fr", "en")
+        assert serving.version == 1
+        assert [t.text for t in serving.translator.translate(["Un chien."])] == ["A dog."]
+        assert {(v.version, v.state) for v in registry.versions()} == {
+            (1, "ready"),
+            (2, "failed"),
+        }
+    finally:
+        registry.close()
+
+
+def test_latest_two_serves_both_versions_and_requests_go_to_the_newest(
+    repository: Path, fr_en_bundle: Path
+):
+    add_version(repository, "fr-en", 2, fr_en_bundle)
+    add_version(repository, "fr-en", 3, fr_en_bundle)
+    registry = registry_of(repository, model_version_policy="latest:2")
+    registry.load_all()
+    try:
+        assert registry.get("fr", "en").version == 3
+        assert {(v.version, v.state) for v in registry.versions()} == {(3, "ready"), (2, "ready")}
+        assert registry.get("fr", "en", version=2).version == 2  # a request may name one
+        with pytest.raises(ModelVersionUnknown):
+            registry.get("fr", "en", version=1)
+    finally:
+        registry.close()
+
+
+def test_specific_versions_serve_exactly_those(repository: Path, fr_en_bundle: Path):
+    add_version(repository, "fr-en", 2, fr_en_bundle)
+    add_version(repository, "fr-en", 3, fr_en_bundle)
+    registry = registry_of(repository, model_version_policy="specific:1,2")
+    registry.load_all()
+    try:
+        assert registry.get("fr", "en").version == 2
+        assert sorted(v.version for v in registry.versions()) == [1, 2]
     finally:
         registry.close()
 
