@@ -44,7 +44,7 @@ from service.serving.errors import (
     TooManyTexts,
     UnknownPair,
 )
-from service.serving.pivot import pivot_pairs
+from service.serving.pivot import PIVOT_LANGUAGE, pivot_pairs
 from service.serving.requests import TranslationService
 from service.serving.settings import Settings
 
@@ -182,14 +182,24 @@ def build_router(settings: Settings) -> APIRouter:
         service: ServiceDep,
     ) -> list[dict[str, Any]]:
         targets: dict[str, list[str]] = {}
+        through: dict[str, dict[str, str]] = {}
         models = service.registry.models
-        pairs = [pair for m in models for pair in m.pairs()] + pivot_pairs(models)
-        for source, target in pairs:  # a pair only a pivot serves is listed too
+        for source, target in [pair for m in models for pair in m.pairs()]:
             targets.setdefault(source, []).append(target)
-        return [
-            {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": sorted(found)}
-            for code, found in sorted(targets.items())
-        ]
+        for source, target in pivot_pairs(models):  # listed too, and said so (our extension)
+            targets.setdefault(source, []).append(target)
+            through.setdefault(source, {})[target] = PIVOT_LANGUAGE
+        answer = []
+        for code, found in sorted(targets.items()):
+            entry: dict[str, Any] = {
+                "code": code,
+                "name": LANGUAGE_NAMES.get(code, code),
+                "targets": sorted(found),
+            }
+            if code in through:  # {target: the language it goes through}
+                entry["pivot"] = dict(sorted(through[code].items()))
+            answer.append(entry)
+        return answer
 
     return router
 

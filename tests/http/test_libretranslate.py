@@ -185,7 +185,7 @@ def test_languages(client: TestClient):
     # fr -> de has no model of its own: it goes through English (fr-en, then en-de).
     assert client.get("/languages").json() == [
         {"code": "en", "name": "English", "targets": ["de"]},
-        {"code": "fr", "name": "French", "targets": ["de", "en"]},
+        {"code": "fr", "name": "French", "targets": ["de", "en"], "pivot": {"de": "en"}},
     ]
 
 

@@ -105,8 +105,14 @@ def test_pieces_of_two_tokenizers_are_bridged_by_shared_characters():
 
 
 def test_pivot_pairs_are_listed_and_refused_pairs_name_them(client: TestClient):
-    languages = {entry["code"]: entry["targets"] for entry in client.get("/languages").json()}
+    listed = client.get("/languages").json()
+    languages = {entry["code"]: entry["targets"] for entry in listed}
     assert languages == {"fr": ["de", "en"], "en": ["de"]}
+    # The pair only a pivot translates says which language it goes through.
+    assert {entry["code"]: entry.get("pivot") for entry in listed} == {
+        "fr": {"de": "en"},
+        "en": None,
+    }
     unknown = client.post(
         "/v1/translate", json={"text": "x", "source_lang": "de", "target_lang": "fr"}
     )
