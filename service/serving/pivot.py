@@ -122,6 +122,9 @@ def piece_overlap(rows: list[str], columns: list[str]) -> np.ndarray:
         if start < 0:  # </s>
             overlap[r, [c for c, piece in enumerate(columns) if piece == END]] = 1.0
             continue
+        if start == end and row_text:  # a lone "▁": it starts the word of the next character
+            start = min(start, len(row_text) - 1)
+            end = start + 1
         if not same:
             start, end = start * scale, max(end * scale, start * scale + 1e-9)
         length = end - start
