@@ -120,9 +120,19 @@ def mbart50_code(model_code: str) -> str:
     return model_code.split("_")[0]
 
 
+# M2M-100's codes that are no ISO 639-1 code of the language: its Norwegian is Bokmål (NLLB's
+# nob_Latn, DeepL's and LibreTranslate's "nb"), and "ns" is Northern Sotho (ISO 639-3 nso).
+M2M100_RENAMED = {"no": "nb", "ns": "nso"}
+
+
+def m2m100_code(model_code: str) -> str:
+    """`fr` -> "fr", `no` -> "nb", `ns` -> "nso"."""
+    return M2M100_RENAMED.get(model_code, model_code)
+
+
 def our_codes(model_codes: list[str] | tuple[str, ...], family: str) -> list[str]:
     """Our codes of a family's languages, one each, in the same order."""
-    convert = {"m2m100": str, "nllb": nllb_code, "mbart50": mbart50_code}[family]
+    convert = {"m2m100": m2m100_code, "nllb": nllb_code, "mbart50": mbart50_code}[family]
     codes = [convert(code) for code in model_codes]
     if len(set(codes)) != len(codes):
         raise ValueError(f"two languages of {family} would have the same code: {codes}")

@@ -197,13 +197,15 @@ def test_a_model_with_separate_vocabularies_translates_like_generate(root: Path,
 
 
 # int8 against fp32, teacher-forced along fp32's greedy output: the difference of the chosen
-# token's log-prob at each step (median and largest), and the share of steps whose best token
-# int8 keeps. Measured on these random models (transformers 5.23, onnxruntime 1.31, an AVX-512
-# VNNI CPU): medians 0.03-0.10, largest 0.12-0.91 (mBART-50's encoder is the most sensitive),
-# best token kept at 89-99% of the steps. The bounds leave room for other CPUs' int8 kernels;
-# a broken graph is off by whole nats and keeps almost no best token.
+# token's log-prob at each step (median, 90th percentile; the largest is printed), and the
+# share of steps whose best token int8 keeps. Measured on these random models (transformers
+# 5.23, onnxruntime 1.31): on an AVX-512 VNNI CPU medians 0.03-0.10, largest 0.12-0.91; on an
+# AVX2 CPU (no VNNI: other int8 kernels) medians 0.04-0.12, 90th percentiles 0.10-0.42, largest
+# 0.14-1.89 (mBART-50's encoder is the most sensitive), best token kept at 85-99% of the steps.
+# A single step's largest difference depends on the CPU's kernels, so it is not bounded; a
+# broken graph is off by whole nats at most steps and keeps almost no best token.
 INT8_MEDIAN_TOLERANCE = 0.2
-INT8_LARGEST_TOLERANCE = 1.5
+INT8_P90_TOLERANCE = 1.0
 INT8_SAME_BEST_SHARE = 0.8
 
 
@@ -232,12 +234,13 @@ def test_int8_stays_within_its_tolerance_of_fp32(root: Path, family: str) -> Non
             differences.append(abs(float(got[chosen] - expected[chosen])))
             same += int(np.argmax(got) == np.argmax(expected))
     median, largest = float(np.median(differences)), max(differences)
+    p90 = float(np.percentile(differences, 90))
     print(
-        f"{family}: int8 log-prob differences median {median:.3f}, largest {largest:.3f}; "
-        f"best token kept at {same}/{len(differences)} steps"
+        f"{family}: int8 log-prob differences median {median:.3f}, 90th percentile {p90:.3f}, "
+        f"largest {largest:.3f}; best token kept at {same}/{len(differences)} steps"
     )
     assert median <= INT8_MEDIAN_TOLERANCE
-    assert largest <= INT8_LARGEST_TOLERANCE
+    assert p90 <= INT8_P90_TOLERANCE
     assert same >= INT8_SAME_BEST_SHARE * len(differences)
 
 

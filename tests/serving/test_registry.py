@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.runtime.bundle import BundleError
+from service.serving import registry as registry_module
 from service.serving.errors import (
     ModelLoadFailed,
     ModelUnavailable,
@@ -19,7 +20,6 @@ from service.serving.errors import (
     UnknownPair,
 )
 from service.serving.metrics import Metrics
-from service.serving import registry as registry_module
 from service.serving.registry import ModelRegistry, RepositoryWatch
 from service.serving.repository import ModelRepository, VersionPolicy
 from service.serving.settings import Settings
