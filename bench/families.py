@@ -1,10 +1,11 @@
 """The real shapes of the multilingual families, with random weights: ours against
-`transformers` `generate` on the same weights and the same sentences (issue 36).
+CTranslate2 and `transformers` `generate` on the same weights and the same sentences
+(issue 36).
 
-    python -m bench.families --families m2m100-418m --sentences 8 --sentences-batch-1 2 \
-        --repeat 3                                  (15 minutes on 2 cores, 9 GB of memory)
-    python -m bench.families --families nllb-600m,mbart50 --sentences 8 \
-        --sentences-batch-1 1 --repeat 2 --section families-nllb-mbart50     (25 minutes, 13 GB)
+    python -m bench.families --families m2m100-418m --sentences 16 --sentences-batch-1 2 \
+        --repeat 3
+    python -m bench.families --families nllb-600m,mbart50 --sentences 16 \
+        --sentences-batch-1 1 --repeat 2 --section families-nllb-mbart50
 
 The published checkpoints cannot be downloaded here, so each model is built from a
 `transformers` config of the published shape (`SHAPES`: M2M-100 418M, NLLB-200 distilled
@@ -18,25 +19,32 @@ a random model writes too, become <unk> in our text and are left out of transfor
 
 One run, for each family in turn:
 * prepare (in a process of its own, cached in --work-dir; --rebuild to redo it): the Hugging
-  Face directory, `nmt import-hf` into our model directory, `export_bundle` with int8 (timed:
+  Face directory, `nmt import-hf` into our model directory, a vocabulary shortlist for it
+  (`family_shortlist`: Dice co-occurrence over Multi30k's training lines, the three
+  directions together, with `export/shortlist.py`), `export_bundle` with int8 (timed:
   import, the whole export, and its int8 quantization run again alone to split it), the
-  sizes on disk, and how many times the graphs hold the embedding;
-* time three engines, each in its own process (so that its peak memory is its own), loaded at
+  same shortlist as CTranslate2's vocabulary map, CTranslate2's own converter
+  (`TransformersConverter`, int8, the map converted in) on the same Hugging Face directory,
+  the sizes on disk, and how many times the graphs hold the embedding;
+* time six engines, each in its own process (so that its peak memory is its own), loaded at
   once and taking turns, one pass each, configuration by configuration and repeat by repeat
   (as `bench.compare` does), so that the machine's drifts fall on all of them alike:
-  ours fp32 and ours int8 (`Translator.translate`, texts in and out, the target language's
-  token forced first) and transformers fp32 (the family's tokenizer, `generate` with
-  `forced_bos_token_id`, `batch_decode`), one thread each. At batch 1 a pass translates
-  --sentences-batch-1 sentences per direction (a batch-1 token costs much the same whatever
-  the sentence, and those passes take most of the time), at the larger batch --sentences;
+  ours fp32, ours int8 and ours int8 with the shortlist (`Translator.translate`, texts in
+  and out, the target language's token forced first), CTranslate2 int8 without and with its
+  vocabulary map (`translate_batch`, the family tokenizer's pieces in and out, the target
+  language's token as the target prefix) and transformers fp32 (the family's tokenizer,
+  `generate` with `forced_bos_token_id`, `batch_decode`), one thread each. At batch 1 a pass
+  translates --sentences-batch-1 sentences per direction (a batch-1 token costs much the
+  same whatever the sentence, and those passes take most of the time), at the larger batch
+  --sentences;
 * the same work for every engine: the weights are randomized so that </s> never wins (its
   logit is pushed down, `EOS_BONUS`), and every sentence is long enough that its length limit
   is --max-length, so every translation is exactly --max-length tokens long on every engine
   (checked: the report says so, or gives the lengths found; and how many translations are
   token for token transformers').
 
-Writes one section of docs/benchmarks.md (--section, "families" by default). Needs the
-`bench` extra (transformers, torch).
+Writes one section of docs/benchmarks.md (--section, "families" by default; --out another
+file). Needs the `bench` extra (transformers, torch, ctranslate2).
 """
 
 from __future__ import annotations
@@ -53,15 +61,37 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.report import opening, replace_section
+
+if TYPE_CHECKING:
+    from nmt_contract import Shortlist
 
 ROOT = Path(__file__).resolve().parent.parent
 DIRECTIONS = (("en", "fr"), ("fr", "de"), ("de", "en"))
 LANGUAGES = ("en", "fr", "de")
 DATA_SPLIT = "test_2016_flickr"  # the timed sentences (not in the SentencePiece corpus)
-ENGINES = ("ours fp32", "ours int8", "transformers fp32")
-REFERENCE = "transformers fp32"  # the ratios' denominator
+ENGINES = (
+    "ours fp32",
+    "ours int8",
+    "ours int8 shortlist",
+    "ctranslate2 int8",
+    "ctranslate2 int8 vmap",
+    "transformers fp32",
+)
+REFERENCE = "transformers fp32"  # the main table's ratios' denominator
+# The int8 engines side by side (the report's second table): (engine, against, what it says).
+PAIRS = (
+    ("ctranslate2 int8", "ours int8", ""),
+    ("ours int8 shortlist", "ours int8", "the shortlist's speed-up"),
+    ("ctranslate2 int8 vmap", "ctranslate2 int8", "the vocabulary map's speed-up"),
+    ("ctranslate2 int8 vmap", "ours int8 shortlist", "the same candidate words"),
+)
+# The shortlist (export/shortlist.py's defaults, as `nmt shortlist` has them): each source
+# word's best target words by Dice co-occurrence, and the most frequent target words always.
+SHORTLIST_PER_SOURCE = 20
+SHORTLIST_ALWAYS = 200
 # What `generate` must do to decode as our engine does: every logits processor off but the
 # ones the model asks for (forced_eos_token_id) and the forced first token.
 GENERATE_LIKE_OURS = {
@@ -132,6 +162,12 @@ SHAPES = {
             "activation_function": "gelu",
             "decoder_start_token_id": 2,
             "forced_eos_token_id": 2,
+            # What the published config.json carries and transformers ignores, and
+            # CTranslate2's converter reads: fairseq's names for pre-norm and the embedding
+            # LayerNorm, and the tokenizer (then its decoder starts at </s>, as ours)
+            "normalize_before": True,
+            "normalize_embedding": True,
+            "tokenizer_class": "MBart50Tokenizer",
         },
         8000,
         29000,
@@ -305,7 +341,9 @@ def _mbart50_tokenizer(shape: Shape, path: Path, work: Path) -> None:
     from transformers import MBart50Tokenizer
 
     shutil.copyfile(train_spm(shape, work / "spm"), path / "sentencepiece.bpe.model")
-    MBart50Tokenizer.from_pretrained(path).save_pretrained(path)
+    # <s> as the published tokenizer's files name it (transformers 5 has no default for it;
+    # CTranslate2's converter needs one)
+    MBart50Tokenizer.from_pretrained(path, bos_token="<s>").save_pretrained(path)
 
 
 def build_hf(shape: Shape, path: Path, work: Path, seed: int = 7) -> None:
@@ -332,6 +370,124 @@ def build_hf(shape: Shape, path: Path, work: Path, seed: int = 7) -> None:
     model.save_pretrained(path)
 
 
+def family_shortlist(shape: Shape, model_dir: Path) -> Shortlist:
+    """The vocabulary shortlist of an imported model (nmt_contract.Shortlist), from the first
+    `spm_lines` lines of Multi30k's train.{source,target} of every direction (DIRECTIONS),
+    pooled: one shortlist serves a bundle, and a source word's candidates are then the
+    target words of the directions it is a source word of. Sources are tokenized as the
+    model reads them (language token, </s>), targets as it writes them (the target
+    language's token first, </s> last). Always candidates besides the most frequent target
+    words: <s>, <pad>, </s>, <unk> (the words CTranslate2's vocabulary map always allows)
+    and the three language tokens.
+
+    `build_shortlist` counts co-occurrences in a V x V table: 131 GB at M2M-100's 128,112
+    words. It is run on the ids the corpus holds (about 8,000) renumbered from 0, and its
+    result numbered back."""
+    import numpy as np
+
+    from export.checkpoint import load_tokenizer
+    from export.model.config import ModelConfig
+    from export.shortlist import build_shortlist
+    from nmt_contract import Shortlist
+
+    vocab_size = ModelConfig.from_json(model_dir / "config.json").vocab_size
+    tokenizer = load_tokenizer(model_dir)
+    languages = tokenizer.languages
+    sources: list[list[int]] = []
+    targets: list[list[int]] = []
+    for source, target in DIRECTIONS:
+        lines = {}
+        for language in (source, target):
+            with open(multi30k() / f"train.{language}", encoding="utf-8") as f:
+                lines[language] = [
+                    line.strip() for _, line in zip(range(shape.spm_lines), f, strict=False)
+                ]
+        first = languages.forced_target(target)
+        for source_text, target_text in zip(lines[source], lines[target], strict=True):
+            sources.append(tokenizer.encode(source_text, source))
+            targets.append([first, *tokenizer.encode_target(target_text)])
+    specials = [
+        tokenizer.vocab[p] for p in ("<s>", "<pad>", "</s>", "<unk>") if p in tokenizer.vocab
+    ]
+    specials += [languages.token_of(language) for language in LANGUAGES]
+    seen = np.unique(np.concatenate([np.concatenate(sources + targets), specials]))  # ascending
+    compact = np.full(vocab_size, -1, dtype=np.int64)
+    compact[seen] = np.arange(len(seen))
+    small = build_shortlist(
+        [compact[ids] for ids in sources],
+        [compact[ids] for ids in targets],
+        len(seen),
+        compact[specials].tolist(),
+        per_source=SHORTLIST_PER_SOURCE,
+        always=SHORTLIST_ALWAYS,
+    )
+    candidates = np.full((vocab_size, small.candidates.shape[1]), -1, dtype=np.int32)
+    candidates[seen] = np.where(small.candidates >= 0, seen[small.candidates], -1)
+    return Shortlist(always=seen[small.always].astype(np.int32), candidates=candidates)
+
+
+def ctranslate2_pieces(family: str, hf_dir: Path) -> list[str]:
+    """The family tokenizer's piece of each id: CTranslate2's converter takes its vocabulary
+    from the same tokenizer, in id order (checked after the conversion: `convert_ctranslate2`)."""
+    tokenizer = family_tokenizers(family, hf_dir)[LANGUAGES[0]]
+    return tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+
+
+def ctranslate2_vocabulary(ct2_dir: Path) -> list[str]:
+    """A converted model's target vocabulary, by id."""
+    for name in ("shared_vocabulary.json", "target_vocabulary.json"):
+        if (ct2_dir / name).is_file():
+            return json.loads((ct2_dir / name).read_text(encoding="utf-8"))
+    raise FileNotFoundError(f"{ct2_dir} has no CTranslate2 vocabulary file")
+
+
+def fill_mbart_vocabulary() -> None:
+    """CTranslate2's converter takes a model's vocabulary from its tokenizer and refuses one
+    smaller than the network. The published mBART-50's tokenizer knows all its 250,054 rows;
+    this bench's knows the trained pieces only (the module's docstring). For M2M-100 and NLLB
+    the converter itself fills the vocabulary up with `madeupword` pieces; this loader, put
+    in place of its mBART one in the preparing process, does the same for mBART-50 (words
+    no text produces, as this bench's filler pieces are)."""
+    from ctranslate2.converters.transformers import MBartLoader, register_loader
+
+    class FilledMBartLoader(MBartLoader):
+        def get_vocabulary(self, model, tokenizer):
+            tokens = super().get_vocabulary(model, tokenizer)
+            missing = model.config.vocab_size - len(tokens)
+            return tokens + [f"madeupword{i}" for i in range(missing)]
+
+    register_loader("MBartConfig")(FilledMBartLoader)
+
+
+def convert_ctranslate2(family: str, hf_dir: Path, out: Path, shortlist: Shortlist) -> None:
+    """CTranslate2's own conversion of the Hugging Face directory, int8, with the shortlist
+    as its vocabulary map (`write_ctranslate2_vmap`: the same candidate lists). The map names
+    words by piece: every piece it was written with must be the converted vocabulary's at the
+    same id, or CTranslate2 would allow other words than ours."""
+    import numpy as np
+    from ctranslate2.converters import TransformersConverter
+
+    from export.shortlist import write_ctranslate2_vmap
+
+    if family == "mbart50":
+        fill_mbart_vocabulary()
+    pieces = ctranslate2_pieces(family, hf_dir)
+    vmap = out.with_name("vmap.txt")
+    write_ctranslate2_vmap(shortlist, pieces, vmap)
+    TransformersConverter(str(hf_dir)).convert(
+        str(out), vmap=str(vmap), quantization="int8", force=True
+    )
+    vocabulary = ctranslate2_vocabulary(out)
+    rows = np.flatnonzero((shortlist.candidates >= 0).any(axis=1))
+    used = np.union1d(np.union1d(shortlist.always, shortlist.candidates.ravel()), rows)
+    wrong = [int(i) for i in used[used >= 0] if vocabulary[i] != pieces[i]]
+    if wrong:
+        raise RuntimeError(
+            f"CTranslate2's vocabulary differs from the tokenizer's at ids {wrong[:10]}: "
+            "its vocabulary map would not hold our shortlist's words"
+        )
+
+
 def _dir_bytes(path: Path, names: list[str] | None = None) -> int:
     files = [path / n for n in names] if names is not None else list(path.rglob("*"))
     return sum(f.stat().st_size for f in files if f.is_file())
@@ -344,12 +500,14 @@ def prepare(name: str, work: Path) -> dict:
 
     import export.onnx_export as onnx_export
     from export.hf import import_hf
+    from nmt_contract import SHORTLIST_FILE
     from service.runtime.bundle import load_bundle
 
     torch.set_num_threads(os.cpu_count() or 1)
     shape = SHAPES[name]
     folder = work / name
     hf_dir, ours_dir, bundle_dir = folder / "hf", folder / "ours", folder / "bundle"
+    ct2_dir = folder / "ct2"
     started = time.perf_counter()
     build_hf(shape, hf_dir, folder / "spm")
     built = time.perf_counter()
@@ -357,14 +515,23 @@ def prepare(name: str, work: Path) -> dict:
     import_hf(hf_dir, ours_dir)
     imported = time.perf_counter()
     gc.collect()
+    shortlist = family_shortlist(shape, ours_dir)
+    shortlist.save(ours_dir / SHORTLIST_FILE)  # `nmt export` takes it into the bundle
+    shortlisted = time.perf_counter()
+    gc.collect()
     onnx_export.export_bundle(ours_dir, bundle_dir, int8=True)
     exported = time.perf_counter()
+    gc.collect()
+    convert_ctranslate2(shape.family, hf_dir, ct2_dir, shortlist)
+    converted = time.perf_counter()
     files = load_bundle(bundle_dir).manifest["files"]
     graphs = [f for f in files if ".onnx" in f]
     int8 = [f for f in graphs if ".int8." in f]
     # The export's share that was quantization: the same public function run again on the
     # exported fp32 graphs, timed from outside (the product is not patched to time it).
     quantizing = quantize_again(bundle_dir, [f for f in graphs if f.endswith(".onnx")], folder)
+    per_source = (shortlist.candidates >= 0).sum(axis=1)
+    kept = per_source > 0
     parameters = parameter_count(hf_dir / "model.safetensors")
     embedding = shape.config["vocab_size"] * shape.config["d_model"]
     copies = {f: embedding_copies(bundle_dir / f, embedding) for f in graphs if f.endswith("onnx")}
@@ -373,8 +540,22 @@ def prepare(name: str, work: Path) -> dict:
         "parameters": parameters,
         "build_seconds": built - started,
         "import_seconds": imported - built,
-        "export_seconds": max(exported - imported - quantizing, 0.0),
+        "shortlist_seconds": shortlisted - imported,
+        "export_seconds": max(exported - shortlisted - quantizing, 0.0),
         "quantize_seconds": quantizing,
+        "ctranslate2_seconds": converted - exported,
+        "ctranslate2_bytes": _dir_bytes(ct2_dir),
+        "shortlist": {
+            "lines": shape.spm_lines,
+            "always": len(shortlist.always),
+            "sources": int(kept.sum()),  # source words with candidates of their own
+            "per_source": float(per_source[kept].mean()) if kept.any() else 0.0,
+            # what it adds to the bundle: its decoder step, the output projection, itself
+            "bundle_bytes": _dir_bytes(
+                bundle_dir,
+                [f for f in files if "shortlist" in f] + ["output_projection.npy"],
+            ),
+        },
         "hf_bytes": _dir_bytes(hf_dir, ["model.safetensors"]),
         "fp32_bytes": _dir_bytes(bundle_dir, [f for f in graphs if f not in int8]),
         "int8_bytes": _dir_bytes(bundle_dir, int8),
@@ -434,14 +615,20 @@ def prepared(name: str, work: Path, rebuild: bool) -> dict:
     record = work / name / "prepared.json"
     stamp = (
         json.dumps(SHAPES[name].__dict__, sort_keys=True)
-        + f"eos {EOS_BONUS}, gain {ATTENTION_GAIN}, v2"
+        + f"eos {EOS_BONUS}, gain {ATTENTION_GAIN}, "
+        + f"shortlist {SHORTLIST_PER_SOURCE}/{SHORTLIST_ALWAYS}, ctranslate2, v3"
     )
     if not rebuild and record.is_file():
         found = json.loads(record.read_text())
-        if found.get("stamp") == stamp and (work / name / "bundle" / "bundle.json").is_file():
+        kept = [work / name / "bundle" / "bundle.json", work / name / "ct2" / "model.bin"]
+        if found.get("stamp") == stamp and all(path.is_file() for path in kept):
             print(f"{name}: prepared in an earlier run ({record})", flush=True)
             return found
-    print(f"{name}: building, importing and exporting (fp32 and int8)…", flush=True)
+    print(
+        f"{name}: building, importing, exporting (fp32, int8, shortlist) and converting "
+        "for CTranslate2…",
+        flush=True,
+    )
     (work / name).mkdir(parents=True, exist_ok=True)
     out = work / name / "prepare-result.json"
     command = [sys.executable, "-m", "bench.families", "--prepare", name, str(work), str(out)]
@@ -460,7 +647,11 @@ class Ours:
         from service.runtime.sessions import EngineOptions
         from service.runtime.translator import Translator
 
-        options = EngineOptions(int8=job["int8"], intra_op_threads=job["threads"])
+        options = EngineOptions(
+            int8=job["int8"],
+            intra_op_threads=job["threads"],
+            shortlist=job.get("shortlist", False),
+        )
         self.translator = Translator(load_bundle(job["bundle"]), options)
         self.eos = self.translator.engine.eos_id
 
@@ -477,6 +668,67 @@ class Ours:
         return produced, [t.source_ids for t in found]
 
 
+def family_tokenizers(family: str, path: Path | str) -> dict:
+    """The family's `transformers` tokenizer of the Hugging Face directory, one per source
+    language (the source language is a tokenizer's setting)."""
+    import transformers
+
+    classes = {
+        "m2m100": transformers.M2M100Tokenizer,
+        "nllb": transformers.NllbTokenizer,
+        "mbart50": transformers.MBart50Tokenizer,
+    }
+    return {
+        language: classes[family].from_pretrained(path, src_lang=CODES[family][language])
+        for language in LANGUAGES
+    }
+
+
+class CTranslate2:
+    """CTranslate2 as its documentation runs these families: the family tokenizer's pieces in
+    (language token and </s> included), the target language's token as the target prefix,
+    pieces out (the prefix first, as it returns them)."""
+
+    def __init__(self, job: dict) -> None:
+        import ctranslate2
+
+        family = job["family"]
+        self.tokenizers = family_tokenizers(family, job["hf"])
+        self.known = len(self.tokenizers[LANGUAGES[0]])  # as Transformers.known
+        self.prefix = {language: language_token(family, language) for language in LANGUAGES}
+        self.translator = ctranslate2.Translator(
+            job["ct2"],
+            device="cpu",
+            compute_type="int8",
+            intra_threads=job["threads"],
+            inter_threads=1,
+        )
+        self.vmap = job["vmap"]
+        self.ids = {}
+        for i, piece in enumerate(ctranslate2_vocabulary(Path(job["ct2"]))):
+            self.ids.setdefault(piece, i)
+
+    def translate(self, texts, source, target, beam, limit) -> tuple[list, list]:
+        tokenizer = self.tokenizers[source]
+        sources = tokenizer(texts)["input_ids"]
+        results = self.translator.translate_batch(
+            [tokenizer.convert_ids_to_tokens(ids) for ids in sources],
+            target_prefix=[[self.prefix[target]] for _ in texts],
+            beam_size=beam,
+            length_penalty=1.0,
+            # Its length counts the prefix, as ours counts the forced token (checked by the
+            # report: every translation is --max-length tokens long).
+            max_decoding_length=limit,
+            min_decoding_length=0,  # ours may end at once too
+            return_end_token=True,  # </s> in the produced tokens, as the other engines count it
+            use_vmap=self.vmap,
+        )
+        produced = [[self.ids[piece] for piece in r.hypotheses[0]] for r in results]
+        known = [[i for i in row if i < self.known] for row in produced]
+        tokenizer.batch_decode(known, skip_special_tokens=True)  # texts out, as ours
+        return produced, sources
+
+
 class Transformers:
     def __init__(self, job: dict) -> None:
         import torch
@@ -485,15 +737,7 @@ class Transformers:
         torch.set_num_threads(job["threads"])
         self.torch = torch
         family, path = job["family"], job["hf"]
-        classes = {
-            "m2m100": transformers.M2M100Tokenizer,
-            "nllb": transformers.NllbTokenizer,
-            "mbart50": transformers.MBart50Tokenizer,
-        }
-        self.tokenizers = {
-            language: classes[family].from_pretrained(path, src_lang=CODES[family][language])
-            for language in LANGUAGES
-        }
+        self.tokenizers = family_tokenizers(family, path)
         any_tokenizer = self.tokenizers[LANGUAGES[0]]
         self.known = len(any_tokenizer)  # ids past it (the model's larger vocabulary): none
         self.forced = {
@@ -578,7 +822,9 @@ def run_turns(job: dict, commands, answer) -> dict:
     """One engine's process: load it, then one pass per command ({"warm": i} warms run i on
     one batch; {"run": i} times one pass of it) until {"finish": true}."""
     started = time.perf_counter()
-    engine = Ours(job) if job["engine"] == "ours" else Transformers(job)
+    engine = {"ours": Ours, "ctranslate2": CTranslate2, "transformers": Transformers}[
+        job["engine"]
+    ](job)
     load_seconds = time.perf_counter() - started
     rss_loaded = status_mib("VmRSS")
     answer("loaded")
@@ -692,9 +938,9 @@ def pick_sentences(bundle: Path, per_direction: int, max_length: int) -> list[di
         lines = (multi30k() / f"{DATA_SPLIT}.{source}").read_text(encoding="utf-8").splitlines()
         picked = []
         for line in lines:
-            length = len(tokenizer.encode([line.strip()], source)[0])
-            if length >= shortest:
-                picked.append((length, line.strip()))
+            ids = tokenizer.encode([line.strip()], source)[0]
+            if len(ids) >= shortest:
+                picked.append((len(ids), line.strip(), ids))
             if len(picked) == per_direction:
                 break
         picked.sort(key=lambda p: p[0])
@@ -702,8 +948,9 @@ def pick_sentences(bundle: Path, per_direction: int, max_length: int) -> list[di
             {
                 "source": source,
                 "target": target,
-                "texts": [t for _, t in picked],
-                "source_tokens": [n for n, _ in picked],
+                "texts": [t for _, t, _ in picked],
+                "source_tokens": [n for n, _, _ in picked],
+                "source_ids": [ids for _, _, ids in picked],
             }
         )
     return directions
@@ -743,14 +990,70 @@ def measure(name: str, args: argparse.Namespace) -> dict:
         "directions": directions,
         "runs": runs(args),
     }
+    ct2 = str(work / name / "ct2")
     jobs = [
         {**common, "name": "ours fp32", "engine": "ours", "int8": False},
         {**common, "name": "ours int8", "engine": "ours", "int8": True},
+        {
+            **common,
+            "name": "ours int8 shortlist",
+            "engine": "ours",
+            "int8": True,
+            "shortlist": True,
+        },
+        {**common, "name": "ctranslate2 int8", "engine": "ctranslate2", "ct2": ct2, "vmap": False},
+        {
+            **common,
+            "name": "ctranslate2 int8 vmap",
+            "engine": "ctranslate2",
+            "ct2": ct2,
+            "vmap": True,
+        },
         {**common, "name": "transformers fp32", "engine": "transformers", "int8": False},
     ]
+    assert [job["name"] for job in jobs] == list(ENGINES)
     print(f"{name}: timing {', '.join(ENGINES)}, one pass each in turn", flush=True)
     results = time_engines(jobs, work / name, args.repeat)
-    return {"name": name, "preparation": preparation, "directions": directions, "results": results}
+    return {
+        "name": name,
+        "preparation": preparation,
+        "directions": directions,
+        "results": results,
+        "candidates": shortlist_use(bundle, directions, results),
+    }
+
+
+def shortlist_use(bundle: Path, directions: list[dict], results: dict) -> dict:
+    """The timed batches' candidate words (the shortlist's, the same as CTranslate2's
+    vocabulary map's), batched as `_one_pass` does: their mean count per batch size, and
+    per restricted engine the words it wrote outside its batch's candidates (none, when the
+    shortlist and the vocabulary map are applied as built)."""
+    from nmt_contract import Shortlist
+    from service.runtime.bundle import load_bundle
+
+    shortlist = Shortlist.load(load_bundle(bundle).shortlist_files()[0])
+    restricted = ("ours int8 shortlist", "ctranslate2 int8 vmap")
+    counts: dict[int, list[int]] = {}
+    outside = dict.fromkeys(restricted, 0)
+    written = 0  # tokens each restricted engine wrote (the same for both: the same work)
+    for index, run in enumerate(results[REFERENCE]["runs"]):
+        produced = {name: iter(results[name]["runs"][index]["produced"]) for name in restricted}
+        for direction in directions:
+            ids = subset(direction["source_ids"], run["count"])
+            for start in range(0, len(ids), run["batch"]):
+                batch = ids[start : start + run["batch"]]
+                allowed = set(shortlist.vocabulary_for([i for row in batch for i in row]).tolist())
+                counts.setdefault(run["batch"], []).append(len(allowed))
+                for name in restricted:
+                    for _ in batch:
+                        tokens = next(produced[name])
+                        outside[name] += sum(t not in allowed for t in tokens)
+        written += sum(len(p) for p in results[restricted[0]]["runs"][index]["produced"])
+    return {
+        "counts": {batch: statistics.mean(found) for batch, found in counts.items()},
+        "outside": outside,
+        "written": written,
+    }
 
 
 # ----------------------------------------------------------------------------- the report
@@ -792,7 +1095,7 @@ def _versions() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     found = []
-    for package in ("onnxruntime", "transformers", "torch"):
+    for package in ("onnxruntime", "ctranslate2", "transformers", "torch"):
         try:
             found.append(f"{package} {version(package)}")
         except PackageNotFoundError:
@@ -834,8 +1137,52 @@ def same_work(table: dict, max_length: int) -> str:
     return (
         f"Same work on every engine: {verdict}. Translations token for token equal to "
         f"transformers' (all configurations): {', '.join(agreement)} (int8 differs by "
-        "quantization; a random model has many near ties). Source ids: "
+        "quantization, and a random model has many near ties; the shortlist and the "
+        "vocabulary map leave most words out). Source ids: "
         f"{'equal' if ids else '**not equal**'} to the family tokenizer's."
+    )
+
+
+def pairs_markdown(table: dict, keys: list[tuple[int, int]]) -> list[str]:
+    """The int8 engines against each other: tokens/s of one over the other's, per
+    configuration."""
+    lines = [
+        "| tokens/s ratio | " + " | ".join(_label(*k) for k in keys) + " |",
+        "|---|" + "---:|" * len(keys),
+    ]
+    for name, against, meaning in PAIRS:
+        ratios = [table[name][k]["tps"] / table[against][k]["tps"] for k in keys]
+        label = f"{name} / {against}" + (f" ({meaning})" if meaning else "")
+        lines.append(f"| {label} | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+    return lines
+
+
+def shortlist_markdown(measured: dict, vocab_size: int) -> str:
+    """How the shortlist was made, and how many words it leaves a batch."""
+    made = measured["preparation"]["shortlist"]
+    use = measured["candidates"]
+    directions = ", ".join(f"{s}->{t}" for s, t in DIRECTIONS)
+    per_batch = "; ".join(
+        f"batch {batch}: {count:,.0f} ({count / vocab_size:.1%})"
+        for batch, count in sorted(use["counts"].items())
+    )
+    outside = ", ".join(f"{name} {count}" for name, count in use["outside"].items())
+    return (
+        "The shortlist (ours) and the vocabulary map (CTranslate2's) are the same candidate "
+        "lists: `export/shortlist.py`'s `build_shortlist` on the first "
+        f"{made['lines']:,} lines of Multi30k's `train` of each direction ({directions}, "
+        "pooled: one shortlist per bundle), sources tokenized as the model reads them and "
+        "targets as it writes them (target language token first); each source word's "
+        f"{SHORTLIST_PER_SOURCE} best target words by Dice co-occurrence "
+        f"({made['sources']:,} source words have some, {made['per_source']:.1f} on average), "
+        f"and {made['always']:,} words always (the {SHORTLIST_ALWAYS} most frequent target "
+        "words, <s>, <pad>, </s>, <unk>, the three language tokens); written as "
+        "CTranslate2's vocabulary map by `write_ctranslate2_vmap`, converted in, and its "
+        "pieces checked against the converted vocabulary. Candidate words per timed batch, "
+        f"mean, of {vocab_size:,}: {per_batch}. Words written outside their batch's "
+        f"candidates, of {use['written']:,} each: {outside}. With random weights the "
+        "candidates are co-occurrence lists of real text, not of this model: the speed is a "
+        "real shortlist's, the translations are not."
     )
 
 
@@ -874,17 +1221,26 @@ def family_markdown(measured: dict, args: argparse.Namespace) -> str:
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines += [
         "",
+        *pairs_markdown(table, keys),
+        "",
         same_work(table, args.max_length),
         "",
+        shortlist_markdown(measured, config["vocab_size"]),
+        "",
         f"Preparation ({os.cpu_count()} cores): `nmt import-hf` "
-        f"{_seconds(preparation['import_seconds'])} s, export of the fp32 graphs "
+        f"{_seconds(preparation['import_seconds'])} s, the shortlist "
+        f"{_seconds(preparation['shortlist_seconds'])} s, export of the fp32 graphs "
         f"{_seconds(preparation['export_seconds'])} s, their int8 quantization "
-        f"{_seconds(preparation['quantize_seconds'])} s; peak RSS "
+        f"{_seconds(preparation['quantize_seconds'])} s, CTranslate2's conversion (int8, "
+        f"the vocabulary map in) {_seconds(preparation['ctranslate2_seconds'])} s; peak RSS "
         f"{preparation['peak_rss_mib']:,.0f} MiB (the random model's making included). "
         f"On disk: the Hugging Face model.safetensors {_mib(preparation['hf_bytes'])} MiB; "
+        f"the CTranslate2 model {_mib(preparation['ctranslate2_bytes'])} MiB; "
         f"the bundle {_mib(preparation['bundle_bytes'])} MiB, of which the fp32 graphs "
         f"{_mib(preparation['fp32_bytes'])} MiB and the int8 graphs "
-        f"{_mib(preparation['int8_bytes'])} MiB. The {config['vocab_size']:,} x "
+        f"{_mib(preparation['int8_bytes'])} MiB (the shortlist's decoder steps, fp32 output "
+        f"projection and lists: {_mib(preparation['shortlist']['bundle_bytes'])} MiB of the "
+        f"bundle). The {config['vocab_size']:,} x "
         f"{config['d_model']} embedding ({_mib(embedding['bytes'])} MiB in fp32) is in the "
         f"fp32 graphs {embedding['fp32']} times and in the int8 graphs {embedding['int8']} "
         f"times ({embedding['int8_float']} of them fp32). RSS counts the pages a process has "
@@ -898,7 +1254,8 @@ def markdown(measured: list[dict], args: argparse.Namespace, load: tuple) -> str
     threads = f"{args.threads} thread{'s' if args.threads != 1 else ''}"
     shapes = ", ".join(m["name"] for m in measured)
     lines = opening(
-        f"Real shapes, random weights ({shapes}): ours vs transformers, {threads} per engine",
+        f"Real shapes, random weights ({shapes}): ours vs CTranslate2 and transformers, "
+        f"{threads} per engine",
         "bench.families",
         f", load average before the run {' / '.join(f'{x:.2f}' for x in load)}; {_versions()}",
     )
@@ -916,13 +1273,19 @@ def markdown(measured: list[dict], args: argparse.Namespace, load: tuple) -> str
         "engine (checked below); the outputs are otherwise degenerate",
         "- engines, each in its own process, loaded at once, taking turns (one pass each, "
         "round after round): ours (`Translator.translate`: the fp32 or the int8 graphs of one "
-        f"bundle, `EngineOptions(intra_op_threads={args.threads})`) and transformers fp32 "
-        "(the family's tokenizer, `generate` with `forced_bos_token_id`, "
+        f"bundle, `EngineOptions(intra_op_threads={args.threads})`, with `shortlist=True` "
+        "for the shortlist), CTranslate2 int8 (`ctranslate2.converters.TransformersConverter` "
+        'on the same Hugging Face directory, `quantization="int8"`; `Translator(compute_type='
+        f'"int8", intra_threads={args.threads}, inter_threads=1)`, `translate_batch` with '
+        "the family tokenizer's pieces, the target language's token as `target_prefix`, "
+        "`max_decoding_length` the same limit, and `use_vmap=True` for vmap) and transformers "
+        "fp32 (the family's tokenizer, `generate` with `forced_bos_token_id`, "
         f"`torch.set_num_threads({args.threads})`)",
         "- tokens/s: produced tokens / seconds of a pass (texts in, texts out: tokenization "
-        f"and detokenization included on both sides), median of {args.repeat} passes after "
-        "a warm-up call; in brackets, the ratio to transformers fp32. A direction's "
-        "sentences are sorted by length and cut into batches",
+        f"and detokenization included on every engine), median of {args.repeat} passes after "
+        "a warm-up call; in brackets, the ratio to transformers fp32 (the int8 engines "
+        "against each other: the second table). A direction's sentences are sorted by "
+        "length and cut into batches",
         "- peak RSS: the engine's process's high-water mark (`VmHWM`) over loading and every "
         "configuration (interpreter and libraries included: transformers brings torch)",
         "",
@@ -941,7 +1304,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="m2m100-418m",
         help=f"comma-separated shapes among {list(SHAPES)}",
     )
-    parser.add_argument("--sentences", type=int, default=8, help="per direction")
+    parser.add_argument("--sentences", type=int, default=16, help="per direction")
     parser.add_argument(
         "--sentences-batch-1",
         type=int,
@@ -950,7 +1313,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeat", type=int, default=3, help="timed passes per configuration")
     parser.add_argument("--max-length", type=int, default=32, help="tokens per translation")
-    parser.add_argument("--batch", type=int, default=8, help="the larger batch size")
+    parser.add_argument("--batch", type=int, default=16, help="the larger batch size")
     parser.add_argument("--beam", type=int, default=4, help="the beam search's width")
     parser.add_argument("--threads", type=int, default=1, help="per engine")
     parser.add_argument("--work-dir", type=Path, default=Path("build/families"))

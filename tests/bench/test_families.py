@@ -1,5 +1,6 @@
 """bench/families.py runs end to end on a tiny shape and writes its section (a benchmark: its
-speeds are not checked, only that every engine was timed on the same work and reported)."""
+speeds are not checked, only that every engine, CTranslate2's and the shortlist's included,
+was timed on the same work and reported)."""
 
 from __future__ import annotations
 
@@ -43,14 +44,38 @@ def test_a_tiny_shape_is_built_timed_on_every_engine_and_written_between_the_mar
     number = r"([0-9][0-9,]*\.[0-9]) \(([0-9.]+)x\)"
     cells = r" \| ".join([number] * 4)
     rows = re.findall(rf"^\| ([a-z0-9 ]+) \| {cells} \| [0-9,]+ \|", text, re.M)
-    assert [row[0] for row in rows] == ["ours fp32", "ours int8", "transformers fp32"]
+    assert [row[0] for row in rows] == [
+        "ours fp32",
+        "ours int8",
+        "ours int8 shortlist",
+        "ctranslate2 int8",
+        "ctranslate2 int8 vmap",
+        "transformers fp32",
+    ]
     for row in rows:
         speeds = [float(value.replace(",", "")) for value in row[1::2]]
         assert all(speed > 0 for speed in speeds)
-    assert all(ratio == "1.00" for ratio in rows[2][2::2])  # transformers: the reference
+    assert all(ratio == "1.00" for ratio in rows[-1][2::2])  # transformers: the reference
+    # The int8 engines against each other, the shortlist's and the vocabulary map's speed-ups.
+    ratios = r" \| ".join([r"[0-9.]+x"] * 4)
+    pairs = re.findall(rf"^\| ([a-z0-9 ]+ / [a-z0-9 ]+)(?: \([^)]*\))? \| {ratios} \|$", text, re.M)
+    assert pairs == [
+        "ctranslate2 int8 / ours int8",
+        "ours int8 shortlist / ours int8",
+        "ctranslate2 int8 vmap / ctranslate2 int8",
+        "ctranslate2 int8 vmap / ours int8 shortlist",
+    ]
     # Every engine produced the same number of tokens for every sentence; the fp32 engines
     # the same tokens, from the same source ids.
     assert "Same work on every engine: yes: every translation, of every engine, is 12 " in text
     assert re.search(r"ours fp32 (\d+)/\1,", text)
     assert "Source ids: equal to the family tokenizer's" in text
+    # The shortlist and the vocabulary map held both engines to the same candidate words.
+    assert re.search(
+        r"outside their batch's candidates, of [0-9,]+ each: ours int8 shortlist 0, "
+        r"ctranslate2 int8 vmap 0\.",
+        text,
+    )
+    assert re.search(r"Candidate words per timed batch, mean, of [0-9,]+: batch 1: ", text)
     assert re.search(r"export of the fp32 graphs [0-9.]+ s, their int8 quantization", text)
+    assert re.search(r"CTranslate2's conversion \(int8, the vocabulary map in\) [0-9.]+ s", text)
