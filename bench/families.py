@@ -32,7 +32,8 @@ One run, for each family in turn:
   ours fp32, ours int8 and ours int8 with the shortlist (`Translator.translate`, texts in
   and out, the target language's token forced first), CTranslate2 int8 without and with its
   vocabulary map (`translate_batch`, the family tokenizer's pieces in and out, the target
-  language's token as the target prefix) and transformers fp32 (the family's tokenizer,
+  language's token as the target prefix; not with the map, which fails with one in
+  CTranslate2 4.8.5) and transformers fp32 (the family's tokenizer,
   `generate` with `forced_bos_token_id`, `batch_decode`), one thread each. At batch 1 a pass
   translates --sentences-batch-1 sentences per direction (a batch-1 token costs much the
   same whatever the sentence, and those passes take most of the time), at the larger batch
@@ -711,9 +712,15 @@ class CTranslate2:
     def translate(self, texts, source, target, beam, limit) -> tuple[list, list]:
         tokenizer = self.tokenizers[source]
         sources = tokenizer(texts)["input_ids"]
+        # CTranslate2 4.8.5 fails with its vocabulary map and a target prefix together
+        # (`vector::_M_range_check`, on 7 of M2M-100 418M's 48 sentences here; none fails
+        # without the prefix): vmap then decodes without the forced language token, its first
+        # token chosen like the others. The work is the same (checked: every translation is
+        # --max-length tokens long), but such a model could not serve a multilingual pair.
+        prefix = None if self.vmap else [[self.prefix[target]] for _ in texts]
         results = self.translator.translate_batch(
             [tokenizer.convert_ids_to_tokens(ids) for ids in sources],
-            target_prefix=[[self.prefix[target]] for _ in texts],
+            target_prefix=prefix,
             beam_size=beam,
             length_penalty=1.0,
             # Its length counts the prefix, as ours counts the forced token (checked by the
@@ -1278,7 +1285,10 @@ def markdown(measured: list[dict], args: argparse.Namespace, load: tuple) -> str
         'on the same Hugging Face directory, `quantization="int8"`; `Translator(compute_type='
         f'"int8", intra_threads={args.threads}, inter_threads=1)`, `translate_batch` with '
         "the family tokenizer's pieces, the target language's token as `target_prefix`, "
-        "`max_decoding_length` the same limit, and `use_vmap=True` for vmap) and transformers "
+        "`max_decoding_length` the same limit; for vmap `use_vmap=True` and no target prefix: "
+        "CTranslate2 4.8.5 fails with both (`vector::_M_range_check`, on 7 of M2M-100 418M's "
+        "48 sentences; none without the prefix), so a vocabulary map cannot serve a forced "
+        "target language there) and transformers "
         "fp32 (the family's tokenizer, `generate` with `forced_bos_token_id`, "
         f"`torch.set_num_threads({args.threads})`)",
         "- tokens/s: produced tokens / seconds of a pass (texts in, texts out: tokenization "
