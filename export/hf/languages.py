@@ -15,6 +15,8 @@ follow.
 
 from __future__ import annotations
 
+from nmt_contract import code_of_language_and_script
+
 # fmt: off
 M2M100_CODES = (
     "af", "am", "ar", "ast", "az", "ba", "be", "bg", "bn", "br", "bs", "ca", "ceb", "cs", "cy",
@@ -68,51 +70,7 @@ NLLB_CODES = (
     "urd_Arab", "uzn_Latn", "vec_Latn", "vie_Latn", "war_Latn", "wol_Latn", "xho_Latn",
     "ydd_Hebr", "yor_Latn", "yue_Hant", "zho_Hans", "zho_Hant", "zul_Latn",
 )
-
-# NLLB's ISO 639-3 codes that have an ISO 639-1 code (individual languages standing for their
-# macrolanguage where that is what the two-letter code usually means: arb -> ar, pes -> fa,
-# zsm -> ms, ...). The others keep their three letters.
-ISO_639_1 = {
-    "afr": "af", "aka": "ak", "amh": "am", "arb": "ar", "asm": "as", "ayr": "ay", "azj": "az",
-    "bak": "ba", "bam": "bm", "bel": "be", "ben": "bn", "bod": "bo", "bos": "bs", "bul": "bg",
-    "cat": "ca", "ces": "cs", "cym": "cy", "dan": "da", "deu": "de", "dzo": "dz", "ell": "el",
-    "eng": "en", "epo": "eo", "est": "et", "eus": "eu", "ewe": "ee", "fao": "fo", "pes": "fa",
-    "fij": "fj", "fin": "fi", "fra": "fr", "gla": "gd", "gle": "ga", "glg": "gl", "grn": "gn",
-    "guj": "gu", "hat": "ht", "hau": "ha", "heb": "he", "hin": "hi", "hrv": "hr", "hun": "hu",
-    "hye": "hy", "ibo": "ig", "ind": "id", "isl": "is", "ita": "it", "jav": "jv", "jpn": "ja",
-    "kan": "kn", "kas": "ks", "kat": "ka", "kaz": "kk", "khm": "km", "kik": "ki", "kin": "rw",
-    "kir": "ky", "kon": "kg", "kor": "ko", "kmr": "ku", "lao": "lo", "lvs": "lv", "lim": "li",
-    "lin": "ln", "lit": "lt", "ltz": "lb", "lug": "lg", "mal": "ml", "mar": "mr", "mkd": "mk",
-    "plt": "mg", "mlt": "mt", "khk": "mn", "mri": "mi", "zsm": "ms", "mya": "my", "nld": "nl",
-    "nno": "nn", "nob": "nb", "npi": "ne", "nya": "ny", "oci": "oc", "gaz": "om", "ory": "or",
-    "pan": "pa", "pol": "pl", "por": "pt", "pbt": "ps", "quy": "qu", "ron": "ro", "run": "rn",
-    "rus": "ru", "sag": "sg", "san": "sa", "sin": "si", "slk": "sk", "slv": "sl", "smo": "sm",
-    "sna": "sn", "snd": "sd", "som": "so", "sot": "st", "spa": "es", "als": "sq", "srd": "sc",
-    "srp": "sr", "ssw": "ss", "sun": "su", "swe": "sv", "swh": "sw", "tam": "ta", "tat": "tt",
-    "tel": "te", "tgk": "tg", "tgl": "tl", "tha": "th", "tir": "ti", "tsn": "tn", "tso": "ts",
-    "tuk": "tk", "tur": "tr", "twi": "tw", "uig": "ug", "ukr": "uk", "urd": "ur", "uzn": "uz",
-    "vie": "vi", "wol": "wo", "xho": "xh", "ydd": "yi", "yor": "yo", "zho": "zh", "zul": "zu",
-}
 # fmt: on
-
-# The usual script of a language NLLB writes in several: it keeps the bare code.
-USUAL_SCRIPT = {
-    "ace": "Latn",
-    "bjn": "Latn",
-    "kas": "Arab",
-    "knc": "Latn",
-    "taq": "Latn",
-    "zho": "Hans",
-}
-
-
-def nllb_code(model_code: str) -> str:
-    """`fra_Latn` -> "fr", `ast_Latn` -> "ast", `zho_Hant` -> "zh-Hant"."""
-    language, script = model_code.split("_")
-    code = ISO_639_1.get(language, language)
-    if language in USUAL_SCRIPT and USUAL_SCRIPT[language] != script:
-        code += f"-{script}"
-    return code
 
 
 def mbart50_code(model_code: str) -> str:
@@ -132,7 +90,9 @@ def m2m100_code(model_code: str) -> str:
 
 def our_codes(model_codes: list[str] | tuple[str, ...], family: str) -> list[str]:
     """Our codes of a family's languages, one each, in the same order."""
-    convert = {"m2m100": m2m100_code, "nllb": nllb_code, "mbart50": mbart50_code}[family]
+    convert = {"m2m100": m2m100_code, "nllb": code_of_language_and_script, "mbart50": mbart50_code}[
+        family
+    ]
     codes = [convert(code) for code in model_codes]
     if len(set(codes)) != len(codes):
         raise ValueError(f"two languages of {family} would have the same code: {codes}")

@@ -224,6 +224,15 @@ def _load_models(
     try:
         registry.load_all()
         service.detector.load()  # before ready: the first "auto" request must not wait
+        if undetectable := service.undetectable_sources():
+            log.warning(
+                "language detection (%s) cannot name %d source languages served: a text in "
+                "one, sent without its language, is detected as another; NMT_LANGUAGE_ID_MODEL "
+                "can name a fastText model that covers them",
+                service.detector.name,
+                len(undetectable),
+                extra={"languages": undetectable},
+            )
     except Exception as error:  # a bad bundle, a missing folder, an ONNX Runtime failure
         log.error("could not load the models: %s", error)
         lifecycle.mark_failed(f"could not load the models: {error}")

