@@ -1,0 +1,1 @@
+"""nmt-serve against LibreTranslate on the same weights: `python -m bench.libretranslate`."""

@@ -1,0 +1,391 @@
+"""nmt-serve against LibreTranslate, the server self-hosters run today, on the same weights.
+
+    .venv/bin/python -m bench.libretranslate            (needs `pip install -e .[loadtest]`)
+
+The committed checkpoint is served twice: by `nmt serve` (its int8 bundle) and by
+LibreTranslate 1.9.6 (Argos Translate on CTranslate2, int8) from an Argos package built here
+of the same weights (argos_package.py says how, and what differs in sentence splitting).
+LibreTranslate is run in the configurations its users choose between: its default threading,
+`ARGOS_INTRA_THREADS=1`, and that with `ARGOS_INTER_THREADS=2` (two translators side by side).
+Both decode with beam 4, their defaults.
+
+All servers run at once on this machine and take turns, in mirrored order from one number
+of clients to the next, behind the same Locust scenario (locustfile.py: LibreTranslate's
+`/translate`, one distinct sentence a request, a closed loop). For each: requests/s, p50 and
+p99 latency, the server's CPU per request (its process, all threads, from /proc) and its
+peak memory; then one request of 64 sentences, the median of three. Each server is warmed up
+before the first turn.
+
+Writes the "libretranslate" section of docs/benchmarks.md. A benchmark: it asserts nothing.
+Nothing of it is part of the product.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench.compare.prepare import prepare
+from bench.harness import CHECKPOINT, ROOT, ensure_bundle, free_port, start_server
+from bench.libretranslate.argos_package import (
+    LIBRETRANSLATE_PINS,
+    argos_environment,
+    build_package,
+    ensure_libretranslate,
+    install_package,
+)
+from bench.report import cpu_model, replace_section, reproduce
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+TRAIN_SOURCES = ROOT.parent / "shared" / "data" / "multi30k" / "train.fr"
+WORK = ROOT / "build" / "bench-libretranslate"
+OURS = "nmt-serve"
+# LibreTranslate's configurations: a label, and the Argos settings that make it
+LIBRETRANSLATE_CONFIGURATIONS = {
+    "LibreTranslate, default threads": {},
+    "LibreTranslate, ARGOS_INTRA_THREADS=1": {"ARGOS_INTRA_THREADS": "1"},
+    "LibreTranslate, and ARGOS_INTER_THREADS=2": {
+        "ARGOS_INTRA_THREADS": "1",
+        "ARGOS_INTER_THREADS": "2",
+    },
+}
+LONG_REQUEST_SENTENCES = 64
+READY_TIMEOUT_SECONDS = 600.0
+
+
+@dataclass
+class Level:
+    """One server at one number of clients."""
+
+    requests: int
+    failures: int
+    requests_per_second: float
+    p50_ms: float
+    p99_ms: float
+    cpu_ms_per_request: float
+
+
+@dataclass
+class Contender:
+    name: str
+    process: subprocess.Popen
+    url: str
+    log_path: Path
+    levels: dict[int, Level] = field(default_factory=dict)
+    long_request_seconds: list[float] = field(default_factory=list)
+
+    def wait_ready(self) -> None:
+        """Until a translation comes back (LibreTranslate loads its models after listening)."""
+        body = {"q": "Un homme marche.", "source": "fr", "target": "en"}
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited; its log: {self.log_path}")
+            try:
+                if httpx.post(f"{self.url}/translate", json=body, timeout=30).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(
+            f"{self.name} not ready in {READY_TIMEOUT_SECONDS:.0f} s: {self.log_path}"
+        )
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the server's process and any processes it started, all threads."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for pid in [self.process.pid, *_descendants(self.process.pid)]:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        return total
+
+    def peak_rss_mib(self) -> float:
+        """The high-water mark of resident memory, over the process and its children."""
+        peak = 0.0
+        for pid in [self.process.pid, *_descendants(self.process.pid)]:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            except OSError:
+                continue
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    peak += int(line.split()[1]) / 1024
+        return peak
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    children_of: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children_of.setdefault(parent, []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children_of.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def start_ours(bundles: Path, logs: Path, threads: int) -> Contender:
+    server = start_server(bundles, logs, int8="true", threads=threads)
+    return Contender(OURS, server.process, server.url, server.log_path)
+
+
+def start_libretranslate(
+    name: str, settings: dict[str, str], lt_python: Path, home: Path, logs: Path, spacy: bool
+) -> Contender:
+    port = free_port()
+    environment = {**argos_environment(home), "ARGOS_COMPUTE_TYPE": "int8", **settings}
+    if spacy:
+        environment["ARGOS_CHUNK_TYPE"] = "SPACY"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"libretranslate-{port}.log"
+    command = [
+        str(lt_python.with_name("libretranslate")),
+        *("--host", "127.0.0.1", "--port", str(port), "--load-only", "fr,en"),
+        "--disable-web-ui",
+    ]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
+    return Contender(name, process, f"http://127.0.0.1:{port}", log_path)
+
+
+def run_locust(
+    contender: Contender, clients: int, seconds: int, first_line: int, work: Path
+) -> Level:
+    prefix = work / f"locust-{contender.process.pid}-{clients}"
+    command = [
+        sys.executable,
+        *("-m", "locust", "-f", str(LOCUSTFILE), "--headless"),
+        *("-u", str(clients), "-r", str(clients), "-t", f"{seconds}s"),
+        *("-H", contender.url, "--csv", str(prefix), "--only-summary", "--loglevel", "ERROR"),
+    ]
+    environment = {
+        **os.environ,
+        "BENCH_SENTENCES": str(TRAIN_SOURCES),
+        "BENCH_FIRST_LINE": str(first_line),
+    }
+    cpu_before = contender.cpu_seconds()
+    finished = subprocess.run(command, env=environment, capture_output=True, text=True)
+    cpu_used = contender.cpu_seconds() - cpu_before
+    with open(f"{prefix}_stats.csv") as stats:
+        rows = list(csv.DictReader(stats))
+    if not rows:
+        raise RuntimeError(f"locust wrote no statistics: {finished.stderr[-2000:]}")
+    total = next(row for row in rows if row["Name"] == "Aggregated")
+    requests = int(total["Request Count"])
+    return Level(
+        requests=requests,
+        failures=int(total["Failure Count"]),
+        requests_per_second=float(total["Requests/s"]),
+        p50_ms=float(total["50%"]),
+        p99_ms=float(total["99%"]),
+        cpu_ms_per_request=1000 * cpu_used / max(requests, 1),
+    )
+
+
+def long_request(contender: Contender, sentences: list[str]) -> float:
+    body = {"q": " ".join(sentences), "source": "fr", "target": "en", "format": "text"}
+    started = time.perf_counter()
+    answer = httpx.post(f"{contender.url}/translate", json=body, timeout=600)
+    answer.raise_for_status()
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="1,8,32", help="numbers of closed-loop clients")
+    parser.add_argument("--seconds", type=int, default=30, help="each server's turn at a level")
+    parser.add_argument("--threads", type=int, default=1, help="our engine's threads")
+    parser.add_argument(
+        "--configurations",
+        default=",".join(str(i) for i in range(len(LIBRETRANSLATE_CONFIGURATIONS))),
+        help="which LibreTranslate configurations, by index: "
+        + "; ".join(f"{i} {name}" for i, name in enumerate(LIBRETRANSLATE_CONFIGURATIONS)),
+    )
+    parser.add_argument("--minisbd-model", type=Path, help="a MiniSBD fr model (fr.onnx)")
+    parser.add_argument("--libretranslate-venv", type=Path, default=WORK / "venv")
+    parser.add_argument("--no-report", action="store_true", help="print, leave the docs alone")
+    args = parser.parse_args(argv)
+    if not TRAIN_SOURCES.is_file():
+        raise SystemExit(f"needs Multi30k's training sources (distinct sentences): {TRAIN_SOURCES}")
+    levels = [int(n) for n in args.clients.split(",")]
+    chosen = [list(LIBRETRANSLATE_CONFIGURATIONS)[int(i)] for i in args.configurations.split(",")]
+
+    lt_python = ensure_libretranslate(args.libretranslate_venv)
+    paths = prepare(CHECKPOINT, WORK / "prepared")  # bench.compare's CTranslate2 conversion
+    archive = build_package(
+        paths["ct2"], CHECKPOINT / "sentencepiece.model", WORK, lt_python, args.minisbd_model
+    )
+    install_package(lt_python, archive, WORK / "argos-home")
+    bundles = ensure_bundle()
+    sentences = TRAIN_SOURCES.read_text(encoding="utf-8").splitlines()
+
+    with ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-lt-")))
+        contenders = [start_ours(bundles, work, args.threads)]
+        stack.callback(contenders[0].stop)
+        contenders[0].wait_ready()
+        # One at a time: offline, a LibreTranslate spends a minute or more retrying its model
+        # index before it serves, and several at once would also share its package folder.
+        for name in chosen:
+            contender = start_libretranslate(
+                name,
+                LIBRETRANSLATE_CONFIGURATIONS[name],
+                lt_python,
+                WORK / "argos-home",
+                work,
+                spacy=args.minisbd_model is None,
+            )
+            stack.callback(contender.stop)
+            contender.wait_ready()
+            contenders.append(contender)
+        # Warm-up, on lines from the end of the pool; the measured runs start at its beginning.
+        for contender in contenders:
+            run_locust(contender, 4, 5, len(sentences) - 2000, work)
+        first_line = 0
+        for index, clients in enumerate(levels):
+            turn = contenders if index % 2 == 0 else contenders[::-1]
+            for contender in turn:
+                contender.levels[clients] = run_locust(
+                    contender, clients, args.seconds, first_line, work
+                )
+                print(
+                    f"{contender.name}, {clients} clients: {contender.levels[clients]}", flush=True
+                )
+            first_line += max(c.levels[clients].requests for c in contenders) + clients
+        for round_ in range(3):
+            chunk = sentences[first_line : first_line + LONG_REQUEST_SENTENCES]
+            first_line += LONG_REQUEST_SENTENCES
+            for contender in contenders if round_ % 2 == 0 else contenders[::-1]:
+                contender.long_request_seconds.append(long_request(contender, chunk))
+        peaks = {c.name: c.peak_rss_mib() for c in contenders}
+
+    reused = first_line > len(sentences) - 2000
+    markdown = report(contenders, levels, peaks, args, reused)
+    print(markdown)
+    (WORK / "results.json").write_text(
+        json.dumps(
+            {
+                c.name: {
+                    "levels": {n: vars(level) for n, level in c.levels.items()},
+                    "long_request_seconds": c.long_request_seconds,
+                    "peak_rss_mib": peaks[c.name],
+                }
+                for c in contenders
+            },
+            indent=2,
+        )
+    )
+    if not args.no_report:
+        replace_section("libretranslate", markdown)
+    return 0
+
+
+def report(
+    contenders: list[Contender], levels: list[int], peaks: dict[str, float], args, reused: bool
+) -> str:
+    ours, others = contenders[0], contenders[1:]
+    names = [c.name for c in contenders]
+
+    def best_other(clients: int) -> Contender:
+        return max(others, key=lambda c: c.levels[clients].requests_per_second)
+
+    lines = [
+        "## nmt-serve against LibreTranslate, on the same weights",
+        "",
+        f"Measured on {cpu_model()}, {os.cpu_count()} cores, all servers on the same machine as "
+        "the load (Locust), taking turns. The committed fr-en checkpoint: ours int8 "
+        f"(`NMT_INT8=true`, `NMT_THREADS={args.threads}`), LibreTranslate "
+        f"({', '.join(LIBRETRANSLATE_PINS)}) int8 (`ARGOS_COMPUTE_TYPE=int8`) from an Argos "
+        "package of the same weights built by the benchmark; beam 4 on both (their defaults). "
+        "Each request one distinct Multi30k training sentence through LibreTranslate's "
+        f"`/translate`, closed loop, {args.seconds} s per server and level. "
+        + (
+            "LibreTranslate splits sentences with MiniSBD (the model given)."
+            if args.minisbd_model
+            else "LibreTranslate splits sentences with spaCy's rule-based sentencizer: its "
+            "default, MiniSBD, downloads a model from GitHub, which this machine cannot reach; "
+            "the rules cost less than MiniSBD's model, so this favours LibreTranslate."
+        )
+        + (" The sentence pool ran out: some sentences were sent twice." if reused else ""),
+        "",
+        f"Reproduce: `{reproduce('bench.libretranslate')}`",
+        "",
+        "Requests/s (and failed requests, where any):",
+        "",
+        "| clients | " + " | ".join(names) + " | ours / LibreTranslate's best |",
+        "|---:|" + "---:|" * (len(names) + 1),
+    ]
+    for clients in levels:
+        cells = []
+        for contender in contenders:
+            level = contender.levels[clients]
+            failed = f" ({level.failures} failed)" if level.failures else ""
+            cells.append(f"{level.requests_per_second:.1f}{failed}")
+        ratio = ours.levels[clients].requests_per_second / max(
+            best_other(clients).levels[clients].requests_per_second, 1e-9
+        )
+        lines.append(f"| {clients} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
+    lines += [
+        "",
+        "Latency p50 / p99 (ms), and the server's CPU per request (ms, all its threads):",
+        "",
+        "| clients | " + " | ".join(names) + " |",
+        "|---:|" + "---|" * len(names),
+    ]
+    for clients in levels:
+        cells = [
+            f"{c.levels[clients].p50_ms:.0f} / {c.levels[clients].p99_ms:.0f}; "
+            f"CPU {c.levels[clients].cpu_ms_per_request:.1f}"
+            for c in contenders
+        ]
+        lines.append(f"| {clients} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+        f"| one request of {LONG_REQUEST_SENTENCES} sentences (s, median of 3) | "
+        + " | ".join(f"{statistics.median(c.long_request_seconds):.2f}" for c in contenders)
+        + " |",
+        "| peak memory (MiB, resident) | "
+        + " | ".join(f"{peaks[c.name]:.0f}" for c in contenders)
+        + " |",
+        "",
+        "Targets (issue 39): at least 1.2x LibreTranslate's best configuration at 1 client, "
+        "and 2.5x at 32 clients.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
