@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +48,13 @@ from bench.libretranslate.argos_package import (
     install_package,
 )
 from bench.report import cpu_model, replace_section, reproduce
+from bench.scaleout import Nginx, nginx_binary
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 TRAIN_SOURCES = ROOT.parent / "shared" / "data" / "multi30k" / "train.fr"
 WORK = ROOT / "build" / "bench-libretranslate"
 OURS = "nmt-serve"
+OURS_REPLICAS = "nmt-serve, 2 processes behind nginx"
 # LibreTranslate's configurations: a label, and the Argos settings that make it
 LIBRETRANSLATE_CONFIGURATIONS = {
     "LibreTranslate, default threads": {},
@@ -79,19 +82,23 @@ class Level:
 
 @dataclass
 class Contender:
+    """A server as the clients see it (one URL), and the processes that serve it: what its
+    CPU and memory are counted over."""
+
     name: str
-    process: subprocess.Popen
+    processes: list[subprocess.Popen]
     url: str
     log_path: Path
     levels: dict[int, Level] = field(default_factory=dict)
     long_request_seconds: list[float] = field(default_factory=list)
+    stop_first: list[Callable[[], None]] = field(default_factory=list)  # a proxy in front
 
     def wait_ready(self) -> None:
         """Until a translation comes back (LibreTranslate loads its models after listening)."""
         body = {"q": "Un homme marche.", "source": "fr", "target": "en"}
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if any(process.poll() is not None for process in self.processes):
                 raise RuntimeError(f"{self.name} exited; its log: {self.log_path}")
             try:
                 if httpx.post(f"{self.url}/translate", json=body, timeout=30).status_code == 200:
@@ -107,7 +114,7 @@ class Contender:
         """CPU time of the server's process and any processes it started, all threads."""
         tick = os.sysconf("SC_CLK_TCK")
         total = 0.0
-        for pid in [self.process.pid, *_descendants(self.process.pid)]:
+        for pid in self._pids():
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
             except OSError:
@@ -118,7 +125,7 @@ class Contender:
     def peak_rss_mib(self) -> float:
         """The high-water mark of resident memory, over the process and its children."""
         peak = 0.0
-        for pid in [self.process.pid, *_descendants(self.process.pid)]:
+        for pid in self._pids():
             try:
                 status = Path(f"/proc/{pid}/status").read_text().splitlines()
             except OSError:
@@ -128,14 +135,21 @@ class Contender:
                     peak += int(line.split()[1]) / 1024
         return peak
 
+    def _pids(self) -> list[int]:
+        return [pid for p in self.processes for pid in [p.pid, *_descendants(p.pid)]]
+
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
+        for stop in self.stop_first:
+            stop()
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
             try:
-                self.process.wait(30)
+                process.wait(30)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                process.kill()
+                process.wait()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -157,7 +171,23 @@ def _descendants(pid: int) -> list[int]:
 
 def start_ours(bundles: Path, logs: Path, threads: int) -> Contender:
     server = start_server(bundles, logs, int8="true", threads=threads)
-    return Contender(OURS, server.process, server.url, server.log_path)
+    return Contender(OURS, [server.process], server.url, server.log_path)
+
+
+def start_ours_replicas(bundles: Path, logs: Path) -> Contender:
+    """Two 1-thread servers behind nginx: the layout docs/scaling.md measured best on 2 cores
+    (replicas, as on Kubernetes). nginx's workers count in its CPU and memory."""
+    servers = [start_server(bundles, logs, int8="true", threads=1) for _ in range(2)]
+    for server in servers:
+        server.wait_for("/readyz")
+    nginx = Nginx(logs / "nginx", {"ours": servers})
+    return Contender(
+        OURS_REPLICAS,
+        [*(server.process for server in servers), nginx.process],
+        nginx.url("ours"),
+        servers[0].log_path,
+        stop_first=[nginx.stop],
+    )
 
 
 def start_libretranslate(
@@ -176,13 +206,13 @@ def start_libretranslate(
     ]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
-    return Contender(name, process, f"http://127.0.0.1:{port}", log_path)
+    return Contender(name, [process], f"http://127.0.0.1:{port}", log_path)
 
 
 def run_locust(
     contender: Contender, clients: int, seconds: int, first_line: int, work: Path
 ) -> Level:
-    prefix = work / f"locust-{contender.process.pid}-{clients}"
+    prefix = work / f"locust-{contender.processes[0].pid}-{clients}"
     command = [
         sys.executable,
         *("-m", "locust", "-f", str(LOCUSTFILE), "--headless"),
@@ -232,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         help="which LibreTranslate configurations, by index: "
         + "; ".join(f"{i} {name}" for i, name in enumerate(LIBRETRANSLATE_CONFIGURATIONS)),
     )
+    parser.add_argument(
+        "--replicas",
+        action=argparse.BooleanOptionalAction,
+        default=nginx_binary() is not None,
+        help="also ours as 2 one-thread processes behind nginx (on when nginx is installed)",
+    )
     parser.add_argument("--minisbd-model", type=Path, help="a MiniSBD fr model (fr.onnx)")
     parser.add_argument("--libretranslate-venv", type=Path, default=WORK / "venv")
     parser.add_argument("--no-report", action="store_true", help="print, leave the docs alone")
@@ -252,9 +288,14 @@ def main(argv: list[str] | None = None) -> int:
 
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-lt-")))
+        work.chmod(0o755)  # nginx's workers run as another user
         contenders = [start_ours(bundles, work, args.threads)]
         stack.callback(contenders[0].stop)
         contenders[0].wait_ready()
+        if args.replicas:
+            contenders.append(start_ours_replicas(bundles, work))
+            stack.callback(contenders[-1].stop)
+            contenders[-1].wait_ready()
         # One at a time: offline, a LibreTranslate spends a minute or more retrying its model
         # index before it serves, and several at once would also share its package folder.
         for name in chosen:
@@ -314,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
 def report(
     contenders: list[Contender], levels: list[int], peaks: dict[str, float], args, reused: bool
 ) -> str:
-    ours, others = contenders[0], contenders[1:]
+    ours = [c for c in contenders if c.name.startswith(OURS)]
+    others = [c for c in contenders if c not in ours]
     names = [c.name for c in contenders]
 
     def best_other(clients: int) -> Contender:
@@ -325,7 +367,9 @@ def report(
         "",
         f"Measured on {cpu_model()}, {os.cpu_count()} cores, all servers on the same machine as "
         "the load (Locust), taking turns. The committed fr-en checkpoint: ours int8 "
-        f"(`NMT_INT8=true`, `NMT_THREADS={args.threads}`), LibreTranslate "
+        f"(`NMT_INT8=true`, `NMT_THREADS={args.threads}`"
+        + ("; and two such processes with 1 thread behind nginx" if args.replicas else "")
+        + "), LibreTranslate "
         f"({', '.join(LIBRETRANSLATE_PINS)}) int8 (`ARGOS_COMPUTE_TYPE=int8`) from an Argos "
         "package of the same weights built by the benchmark; beam 4 on both (their defaults). "
         "Each request one distinct Multi30k training sentence through LibreTranslate's "
@@ -343,8 +387,10 @@ def report(
         "",
         "Requests/s (and failed requests, where any):",
         "",
-        "| clients | " + " | ".join(names) + " | ours / LibreTranslate's best |",
-        "|---:|" + "---:|" * (len(names) + 1),
+        "| clients | "
+        + " | ".join(names + [f"{c.name} / LibreTranslate's best" for c in ours])
+        + " |",
+        "|---:|" + "---:|" * (len(names) + len(ours)),
     ]
     for clients in levels:
         cells = []
@@ -352,10 +398,9 @@ def report(
             level = contender.levels[clients]
             failed = f" ({level.failures} failed)" if level.failures else ""
             cells.append(f"{level.requests_per_second:.1f}{failed}")
-        ratio = ours.levels[clients].requests_per_second / max(
-            best_other(clients).levels[clients].requests_per_second, 1e-9
-        )
-        lines.append(f"| {clients} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
+        best = best_other(clients).levels[clients].requests_per_second
+        cells += [f"{c.levels[clients].requests_per_second / best:.2f}x" for c in ours]
+        lines.append(f"| {clients} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Latency p50 / p99 (ms), and the server's CPU per request (ms, all its threads):",
