@@ -123,7 +123,8 @@ class Contender:
         return total
 
     def peak_rss_mib(self) -> float:
-        """The high-water mark of resident memory, over the process and its children."""
+        """Resident memory's high-water marks, summed over the processes and their children
+        (each process's own peak: an upper bound on their peak together)."""
         peak = 0.0
         for pid in self._pids():
             try:
