@@ -26,6 +26,19 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--run-dir", type=Path, required=True, help="checkpoints and progress")
     parser.add_argument("--out", type=Path, help="where to write the final model directory")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="a SentencePiece model to use instead of training one (models that share it can "
+        "decode as an ensemble)",
+    )
+    parser.add_argument(
+        "--time-budget-minutes",
+        type=float,
+        default=0.0,
+        help="no epoch starts that would end past this many minutes of this process "
+        "(judged by the last epoch's length); 0 = no limit",
+    )
     for field in dataclasses.fields(TrainConfig):
         flag = "--" + field.name.replace("_", "-")
         if isinstance(field.default, bool):  # --pre-norm / --no-pre-norm (bool("False") is True)
@@ -44,9 +57,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from export.train_config import TrainConfig
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
-    summary = run_training(TrainConfig(**values), args.run_dir, args.out, args.device)
+    summary = run_training(
+        TrainConfig(**values),
+        args.run_dir,
+        args.out,
+        args.device,
+        tokenizer=args.tokenizer,
+        time_budget_minutes=args.time_budget_minutes,
+    )
     print(json.dumps(summary))
     return 0
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _read_stdin_lines() -> list[str]:
@@ -55,6 +81,8 @@ def _read_stdin_lines() -> list[str]:
 
 def _translate_lines(args: argparse.Namespace, sentences: list[str]) -> list[str]:
     """On the ONNX engine with --model-dir (the product), else on the torch checkpoint."""
+    if args.model_dir and args.device:
+        raise SystemExit("--device is the torch path's: the ONNX engine runs on the CPU")
     if args.model_dir:
         from nmt_contract import UnknownLanguage
         from service.runtime.bundle import load_bundle
@@ -84,9 +112,14 @@ def _translate_lines(args: argparse.Namespace, sentences: list[str]) -> list[str
             "--int8, --shortlist, --source-lang and --target-lang need --model-dir (a bundle)"
         )
     from export.checkpoint import load_model_dir
+    from export.ensemble import load_ensemble
     from export.translate import translate_texts
 
-    model, tokenizer = load_model_dir(args.checkpoint)
+    device = args.device or ("cuda" if _cuda_available() else "cpu")
+    if len(args.checkpoint) == 1:
+        model, tokenizer = load_model_dir(args.checkpoint[0], device)
+    else:
+        model, tokenizer = load_ensemble(args.checkpoint, device)
     return translate_texts(
         model, tokenizer, sentences, args.beam_size, args.batch_size, args.max_length,
         args.length_penalty,
@@ -99,8 +132,13 @@ def _add_decoding_options(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--checkpoint",
         type=Path,
-        default=Path("models/fr-en"),
-        help="torch model directory, used without --model-dir (default: models/fr-en)",
+        nargs="+",
+        default=[Path("models/fr-en")],
+        help="torch model directory, used without --model-dir (default: models/fr-en); "
+        "several that share a tokenizer decode as an ensemble (the mean of their probabilities)",
+    )
+    parser.add_argument(
+        "--device", help="the torch path's device: cpu or cuda (default: cuda when present)"
     )
     parser.add_argument("--beam-size", type=int, default=1, help="1 = greedy")
     parser.add_argument("--length-penalty", type=float, default=1.0)

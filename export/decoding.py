@@ -83,9 +83,12 @@ def greedy_search(
         step_log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # [B, V]
         step_log_probs = _forced(step_log_probs, step, limits, first_tokens, eos_at_limit)
         best = step_log_probs.argmax(dim=-1)  # [B]
+        # One copy to the host per step (on a GPU, reading elements one by one waits each time).
+        best_tokens = best.tolist()
+        best_log_probs = step_log_probs.gather(1, best[:, None])[:, 0].tolist()
         for row in list(open_rows):
-            token = int(best[row])
-            log_probs[row] += float(step_log_probs[row, token])
+            token = best_tokens[row]
+            log_probs[row] += best_log_probs[row]
             lengths[row] += 1
             if token == config.eos_id or step + 1 >= limits[row]:
                 open_rows.discard(row)
@@ -153,29 +156,36 @@ def beam_search(
         vocab = step_log_probs.shape[-1]
         candidates = (scores[:, :, None] + step_log_probs.view(batch, width, vocab)).view(batch, -1)
         top_scores, top_index = candidates.topk(2 * width, dim=-1)  # [B, 2K]
-        top_origin, top_token = top_index // vocab, top_index % vocab
+        # The choice below is made on the host, from one copy per step (on a GPU, reading
+        # elements one by one would wait for the device each time).
+        top_scores_host = top_scores.tolist()
+        top_origin_host = (top_index // vocab).tolist()
+        top_token_host = (top_index % vocab).tolist()
+        sequences_host = None  # copied when a hypothesis first finishes this step
 
-        next_scores = torch.full((batch, width), -math.inf, device=device)
-        next_rows = torch.arange(batch * width, device=device)  # default: keep own row
-        next_tokens = torch.full((batch * width,), config.pad_id, dtype=torch.long, device=device)
+        next_scores = [[-math.inf] * width for _ in range(batch)]
+        next_rows = list(range(batch * width))  # default: keep own row
+        next_tokens = [config.pad_id] * (batch * width)
         for b in range(batch):
             if done[b]:
                 continue
             at_limit = length >= limits[b]
             kept = 0
             for rank in range(2 * width):
-                token, score = int(top_token[b, rank]), float(top_scores[b, rank])
-                origin = b * width + int(top_origin[b, rank])
+                token, score = top_token_host[b][rank], top_scores_host[b][rank]
+                origin = b * width + top_origin_host[b][rank]
                 if score == -math.inf:
                     break
                 if token == config.eos_id or at_limit:
                     if rank < width:
-                        body = sequences[origin].tolist()
+                        if sequences_host is None:
+                            sequences_host = sequences.tolist()
+                        body = list(sequences_host[origin])
                         if token != config.eos_id:
                             body.append(token)
                         finished[b].append(Hypothesis(body, score / length**length_penalty, score))
                     continue
-                next_scores[b, kept] = score
+                next_scores[b][kept] = score
                 next_rows[b * width + kept] = origin
                 next_tokens[b * width + kept] = token
                 kept += 1
@@ -185,13 +195,14 @@ def beam_search(
                 done[b] = True
             elif len(finished[b]) >= width:
                 worst_kept = sorted(h.score for h in finished[b])[-width]
-                best_open = float(next_scores[b].max()) / length**length_penalty
+                best_open = max(next_scores[b]) / length**length_penalty
                 done[b] = best_open <= worst_kept
         if all(done):
             break
         # Reorder everything that belongs to a beam by the beam it came from.
-        sequences = torch.cat([sequences[next_rows], next_tokens[:, None]], dim=1)
-        past = [(k[next_rows], v[next_rows]) for k, v in past]
-        scores = next_scores
-        last = next_tokens
+        rows = torch.tensor(next_rows, device=device)
+        last = torch.tensor(next_tokens, dtype=torch.long, device=device)
+        sequences = torch.cat([sequences[rows], last[:, None]], dim=1)
+        past = [(k[rows], v[rows]) for k, v in past]
+        scores = torch.tensor(next_scores, device=device)
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]

@@ -75,14 +75,25 @@ class Trainer:
         run_dir: Path,
         device: str | None = None,
         show_progress: bool = True,
+        tokenizer: Path | None = None,
+        time_budget_minutes: float = 0.0,
     ) -> None:
         self.config = config
+        # A budget of this process's wall time, not a setting of the model: a resumed run
+        # may be given another. No epoch starts that would end past it.
+        self.started = time.monotonic()
+        self.time_budget_seconds = 60.0 * time_budget_minutes
+        self.last_epoch_seconds = 0.0
         self.show_progress = show_progress
         self.run_dir = Path(run_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if config.threads:
             torch.set_num_threads(config.threads)
-        self._prepare_run_dir()
+        if self.device.type == "cuda":
+            # TF32 products (fp32 accumulation) on a GPU: several times faster, and training
+            # does not notice the shorter mantissa.
+            torch.backends.cuda.matmul.allow_tf32 = True
+        self._prepare_run_dir(tokenizer)
         self.tokenizer = Tokenizer(self.run_dir / TOKENIZER_FILE)
         self._load_data()
         torch.manual_seed(config.seed)
@@ -108,7 +119,7 @@ class Trainer:
         zero_pad_row(self.model)
 
     # ----- run directory -------------------------------------------------------------------
-    def _prepare_run_dir(self) -> None:
+    def _prepare_run_dir(self, tokenizer: Path | None) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.run_dir / "train_config.json"
         wanted = dataclasses.asdict(self.config)
@@ -122,6 +133,11 @@ class Trainer:
                 )
         else:
             config_path.write_text(json.dumps(wanted, indent=2) + "\n")
+        if tokenizer is not None:  # a given one: runs that share it can form an ensemble
+            pieces = self.run_dir / TOKENIZER_FILE
+            if pieces.exists() and pieces.read_bytes() != Path(tokenizer).read_bytes():
+                raise ValueError(f"{self.run_dir} was started with another tokenizer")
+            shutil.copyfile(tokenizer, pieces)
         if not (self.run_dir / TOKENIZER_FILE).exists():
             source, target = self.config.corpus(self.config.train_prefix)
             log.info(
@@ -317,11 +333,20 @@ class Trainer:
         self.epoch_loss_sum, self.epoch_tokens = 0.0, 0
         self._save_state()
 
+    def out_of_time(self) -> bool:
+        """Whether another epoch, as long as the last one, would end past the time budget.
+        A process's first epoch always runs: its length is not known before."""
+        if not self.time_budget_seconds or not self.last_epoch_seconds:
+            return False
+        elapsed = time.monotonic() - self.started
+        return elapsed + self.last_epoch_seconds > self.time_budget_seconds
+
     def finished(self) -> bool:
         return (
             self.epoch >= self.config.max_epochs
             or self.epochs_without_improvement >= self.config.patience
             or bool(self.config.max_steps and self.step >= self.config.max_steps)
+            or self.out_of_time()
         )
 
     def train(self) -> None:
@@ -332,6 +357,7 @@ class Trainer:
                 self._save_state()
                 break
             self._end_epoch(train_loss, time.monotonic() - started)
+            self.last_epoch_seconds = time.monotonic() - started  # validation included
 
     # ----- the final model -----------------------------------------------------------------
     def average_epochs(self) -> Transformer | None:
@@ -385,8 +411,10 @@ def run_training(
     out_dir: Path | None,
     device: str | None = None,
     show_progress: bool = True,
+    tokenizer: Path | None = None,
+    time_budget_minutes: float = 0.0,
 ) -> dict:
-    trainer = Trainer(config, run_dir, device, show_progress)
+    trainer = Trainer(config, run_dir, device, show_progress, tokenizer, time_budget_minutes)
     trainer.train()
     if out_dir is None:
         return {"step": trainer.step, "epoch": trainer.epoch}

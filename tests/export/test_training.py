@@ -94,3 +94,33 @@ def test_a_killed_run_resumes_to_the_same_weights(reverse_corpus: Path, tmp_path
 
     assert without_timing(straight["history"]) == without_timing(resumed["history"])
     assert len(straight["history"]) >= 2  # the runs crossed epoch boundaries
+
+
+def test_a_time_budget_stops_between_epochs_and_the_model_is_still_written(
+    reverse_corpus: Path, tmp_path: Path
+) -> None:
+    # A budget shorter than one epoch: the first epoch runs (nothing is known of its length
+    # before it), then no other starts, and the final model is chosen and written as usual.
+    config = toy_config(reverse_corpus, max_epochs=5)
+    summary = run_training(
+        config, tmp_path / "run", tmp_path / "model", show_progress=False,
+        time_budget_minutes=0.001,
+    )  # fmt: skip
+    assert len((tmp_path / "run" / "history.jsonl").read_text().splitlines()) == 1
+    assert summary["chosen"] == "best"
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
+def test_runs_given_one_tokenizer_share_it_and_a_resume_cannot_swap_it(
+    reverse_corpus: Path, tmp_path: Path
+) -> None:
+    config = toy_config(reverse_corpus, max_steps=2)
+    run_training(config, tmp_path / "first", None, show_progress=False)
+    pieces = tmp_path / "first" / "sentencepiece.model"
+    other = toy_config(reverse_corpus, max_steps=2, seed=99, vocab_size=300)
+    run_training(other, tmp_path / "second", None, show_progress=False, tokenizer=pieces)
+    assert (tmp_path / "second" / "sentencepiece.model").read_bytes() == pieces.read_bytes()
+    different = tmp_path / "different.model"
+    different.write_bytes(b"other pieces")
+    with pytest.raises(ValueError, match="another tokenizer"):
+        run_training(other, tmp_path / "second", None, show_progress=False, tokenizer=different)
