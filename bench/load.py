@@ -63,6 +63,9 @@ class Run:
     # Each measured part's latencies (closed loop: a round; open loop: a chunk, played by
     # every server)
     parts: list[list[float]] = field(default_factory=list)
+    # Open loop: each request as played (chunk, arrival in the chunk, beam, words, latency or
+    # None when it failed), to compare servers request by request (--requests-log).
+    played: list[dict] = field(default_factory=list)
 
     @property
     def latencies(self) -> list[float]:
@@ -222,23 +225,39 @@ def steady_window(
 
 
 async def open_loop(
-    url: str, work: list[tuple[str, int]], arrivals: list[float]
+    url: str,
+    work: list[tuple[str, int]],
+    arrivals: list[float],
+    played: list[dict] | None = None,
 ) -> tuple[list[float], int, float, int]:
     """Send work[i] at arrivals[i] seconds from the start, whatever is still unanswered.
-    Returns the latencies, the errors, the wall time and the requests answered."""
+    Returns the latencies, the errors, the wall time and the requests answered; each request
+    is also added to `played`, when given, in the order of `work`."""
     latencies: list[float] = []
     errors = 0
+    records = [
+        {"at": round(at, 4), "beam": beam, "words": len(text.split()), "latency": None}
+        for at, (text, beam) in zip(arrivals, work, strict=True)
+    ]
 
-    async def send(client: aiohttp.ClientSession, at: float, text: str, beam: int) -> None:
+    async def send(client: aiohttp.ClientSession, index: int) -> None:
         nonlocal errors
+        at, (text, beam) = arrivals[index], work[index]
         await asyncio.sleep(max(0.0, at - (time.perf_counter() - started)))
-        errors += not await translate_once(client, text, beam, latencies)
+        answered: list[float] = []
+        # Awaited first: `errors += not await ...` would read `errors` before the wait and
+        # write back a stale count over the failures of the requests answered meanwhile.
+        ok = await translate_once(client, text, beam, answered)
+        errors += not ok
+        latencies.extend(answered)
+        if answered:
+            records[index]["latency"] = round(answered[0], 5)
 
     async with client_session(url, 1000) as client:
         started = time.perf_counter()
-        await asyncio.gather(
-            *(send(client, at, text, beam) for at, (text, beam) in zip(arrivals, work, strict=True))
-        )
+        await asyncio.gather(*(send(client, index) for index in range(len(work))))
+        if played is not None:
+            played.extend(records)
         return latencies, errors, time.perf_counter() - started, len(latencies)
 
 
@@ -282,8 +301,10 @@ def play_in_chunks(
     names = tuple(runs)
     for chunk, (chunk_work, chunk_arrivals) in enumerate(chunks(work, arrivals, seconds)):
         for name in names if (chunk + first) % 2 == 0 else names[::-1]:
-            load = open_loop(served[name].url, chunk_work, chunk_arrivals)
+            played: list[dict] = []
+            load = open_loop(served[name].url, chunk_work, chunk_arrivals, played)
             measure(runs[name], served[name], load)
+            runs[name].played.extend({"chunk": chunk, **record} for record in played)
 
 
 def measure(run: Run, served: Server, load: Coroutine) -> None:

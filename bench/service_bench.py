@@ -381,6 +381,12 @@ def parse_args() -> argparse.Namespace:
         help="bundles folder of the baseline server, when its tree reads another bundle format "
         "(exported by that tree's `nmt export`)",
     )
+    parser.add_argument(
+        "--requests-log",
+        type=Path,
+        help="open loop: write every request as played on every server (JSON lines: server, "
+        "load, chunk, arrival, beam, words, latency), to compare servers request by request",
+    )
     parser.add_argument("--out", type=Path, default=REPORT)
     parser.add_argument("--engine-worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -481,6 +487,12 @@ def main() -> None:
                     file=sys.stderr,
                 )
     opened.sort(key=lambda run: (run.label, names.index(run.server)))
+    if args.requests_log:
+        with args.requests_log.open("w") as log:
+            for run in opened:
+                for record in run.played:
+                    log.write(json.dumps({"server": run.server, "load": run.label, **record}))
+                    log.write("\n")
     text = report(closed, opened, engine.runs, capacity, setup)
     replace_section("service", text, args.out)
     print(text)

@@ -34,6 +34,7 @@ from service.http.dependencies import (
 from service.http.dialect import Dialect
 from service.http.middleware import QUIET_ROUTES, RequestContextMiddleware
 from service.http.pages import add_pages
+from service.serving import heap
 from service.serving.access import ApiKeys
 from service.serving.cache import TranslationCache
 from service.serving.errors import ServiceError
@@ -237,6 +238,7 @@ def _load_models(
         log.error("could not load the models: %s", error)
         lifecycle.mark_failed(f"could not load the models: {error}")
         return
+    heap.settle()  # what the server keeps for its life: out of the full collections' way
     lifecycle.mark_ready()
     log.info("ready", extra={"models": registry.pairs})
     if watch is not None:

@@ -34,6 +34,7 @@ from service.runtime.running_batch import RunningBatch, running_batch, step_toge
 from service.runtime.search import SearchOptions
 from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
+from service.serving import heap
 from service.serving.confidence import CalibrationFile, load_calibration
 from service.serving.errors import (
     ModelLoadFailed,
@@ -200,6 +201,9 @@ class ModelRegistry:
         self._loading: dict[str, threading.Lock] = {}  # one load or unload of a model at a time
         self._generations = itertools.count(1)
         self._closers: list[threading.Thread] = []
+        # Whether the start's loads are done: a later load settles the heap (heap.py); the
+        # start settles it once, when everything is loaded.
+        self._started = False
 
     # ----- what serves ---------------------------------------------------------------------
     @property
@@ -359,6 +363,7 @@ class ModelRegistry:
                 log.error("%s", error)
         if not self.ready:
             raise BundleError("; ".join(failures) or "no model in the repository loaded")
+        self._started = True
 
     def load(self, name: str, version: int | None = None, strict: bool = True) -> ModelVersion:
         """Load `name` again from the repository (at `version` if given, which pins it), switch
@@ -403,7 +408,9 @@ class ModelRegistry:
             if reasons:  # at start: the newest failed, an older one serves, as the policy allows
                 log.warning("%s", ModelLoadFailed(name, reasons, _in_words(serving)))
             assert serving is not None
-            return serving
+        if self._started:  # a load while serving: its model's objects join the frozen ones
+            heap.settle()
+        return serving
 
     def unload(self, name: str) -> None:
         """Retire every version of `name`: requests holding one finish on it."""
@@ -545,6 +552,7 @@ class ModelRegistry:
             log.info(
                 "model unloaded", extra={"model": record.name, "model_version": record.version}
             )
+            heap.settle()  # its objects can be collected now
 
         closer = threading.Thread(target=close, name=f"nmt-unload-{record.name}", daemon=True)
         self._closers = [c for c in self._closers if c.is_alive()] + [closer]

@@ -1,9 +1,10 @@
 """bench/load.py's steady-state window and closed-loop rounds, and bench/service_bench.py's
 comparisons with a baseline server and its report, on made-up data (the real run takes minutes
-and asserts nothing)."""
+and asserts nothing); the open loop's record of each request, against a small aiohttp server."""
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 
 import pytest
@@ -158,3 +159,34 @@ def test_the_report_against_a_baseline_gives_this_servers_p99_over_the_baselines
     # 12 identical chunks on both: the ratio is 1 in every resample.
     assert text.count("| 1.00x (1.00-1.00) |") == 1
     assert "the loads below are shares of the lower, 50.0." in text
+
+
+def test_the_open_loop_records_each_request_in_the_order_of_its_work() -> None:
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from bench.load import open_loop
+
+    async def translate(request: web.Request) -> web.Response:
+        text = (await request.json())["text"]
+        await asyncio.sleep(0.2 if "slow" in text else 0.0)
+        return web.json_response({}, status=503 if "refused" in text else 200)
+
+    async def play() -> tuple[list[dict], int]:
+        app = web.Application()
+        app.router.add_post("/v1/translate", translate)
+        async with TestServer(app) as server:
+            played: list[dict] = []
+            work = [("slow one", 4), ("quick", 1), ("refused here", 1)]
+            _, errors, _, _ = await open_loop(
+                str(server.make_url("")), work, [0.0, 0.01, 0.02], played
+            )
+            return played, errors
+
+    played, errors = asyncio.run(play())
+    assert [(r["at"], r["beam"], r["words"]) for r in played] == [
+        (0.0, 4, 2), (0.01, 1, 1), (0.02, 1, 2),
+    ]  # fmt: skip
+    slow, quick, refused = (r["latency"] for r in played)
+    assert slow >= 0.2 > quick  # the slow one arrived first and ended last
+    assert refused is not None and errors == 1  # answered, with an error status

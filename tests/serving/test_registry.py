@@ -4,8 +4,10 @@ retired version kept open until the requests holding it are done."""
 
 from __future__ import annotations
 
+import gc
 import shutil
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -337,3 +339,24 @@ def test_the_watch_loads_a_new_version_and_unloads_a_removed_model(
             registry.get("fr", "en")
     finally:
         registry.close()
+
+
+def test_a_version_that_leaves_is_freed_although_the_heap_was_frozen_with_it(
+    repository: Path, fr_en_bundle: Path
+):
+    # A load while serving settles the heap (heap.py): the loaded versions' objects are
+    # frozen. The one retired must still be freed once it is closed.
+    registry = registry_of(repository)
+    registry.load_all()
+    try:
+        old_model = weakref.ref(registry.get("fr", "en"))
+        add_version(repository, "fr-en", 2, fr_en_bundle)
+        registry.load("fr-en")
+        wait_for(lambda: [v.version for v in registry.versions()] == [2])
+        wait_for(lambda: old_model() is None)
+        # The load's settling and the unload's (on the closing thread) may overlap: once
+        # both are done the heap is frozen.
+        wait_for(lambda: gc.get_freeze_count() > 0)
+    finally:
+        registry.close()
+        gc.unfreeze()
