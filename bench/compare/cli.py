@@ -39,9 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--profile",
-        action="store_true",
-        help="also profile ours int8 at beam 4, batch 32 (ONNX Runtime profiler): where the "
-        "time goes",
+        nargs="*",
+        metavar="BEAMxBATCH",
+        help="also profile ours int8 in these cells, each in a process of its own (ONNX "
+        "Runtime profiler): where the time goes, per operator and per decoder step; given "
+        "alone: 4x32 (e.g. --profile 1x1 4x32)",
     )
     parser.add_argument(
         "--before-tree",
@@ -76,8 +78,8 @@ def _command(args: argparse.Namespace) -> str:
         command += f" --parity-lines {args.parity_lines}"
     if args.section != "compare":
         command += f" --section {args.section}"
-    if args.profile:
-        command += " --profile"
+    if args.profile is not None:
+        command += " --profile " + " ".join(args.profile or ["4x32"])
     if args.before_tree:
         command += f" --before-tree {args.before_tree}"
     return command
@@ -130,22 +132,29 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(f"{listed}: loaded at once, one timed pass each in turn", flush=True)
     results = spawn_interleaved(jobs, work)
     rows = speed_rows(results)
-    profile = None
-    if args.profile:
-        print("profiling ours int8, beam 4, batch 32:", flush=True)
-        one_run = [{"beam": 4, "batch": 32, "repeat": 1, "exact_limits": False}]
-        prefix = str((work / "ort-profile").resolve())
+    profiles = []
+    for cell in [] if args.profile is None else args.profile or ["4x32"]:
+        beam, batch = (int(n) for n in cell.lower().split("x"))
+        print(f"profiling ours int8, beam {beam}, batch {batch}:", flush=True)
+        one_run = [{"beam": beam, "batch": batch, "repeat": 1, "exact_limits": False}]
+        prefix = str((work / f"ort-profile-{beam}x{batch}").resolve())
         # Its own name, so that its job and result files do not overwrite the timed ones.
-        profiled = job("ours int8", one_run, profile_prefix=prefix) | {"name": "ours int8 profiled"}
-        profile = spawn(profiled, work)["profile"]
+        profiled = job("ours int8", one_run, profile_prefix=prefix) | {
+            "name": f"ours int8 profiled {beam}x{batch}"
+        }
+        result = spawn(profiled, work)
+        profiles.append((beam, batch, result["profile"], result["runs"][0]))
     setup = _setup(args, data, sources, threads)
     svg_path = args.out.parent / f"{args.section}.svg"
     svg_path.parent.mkdir(parents=True, exist_ok=True)
     svg_path.write_text(svg_chart(rows, f"Tokens/s on {len(sources)} sentences, same weights"))
     command = _command(args)
     markdown = speed_markdown(rows, setup, command, svg_path.name)
-    if profile:
-        markdown += "\n\n" + profile_markdown(profile)
+    timed = {r["name"]: r["cells"] for r in rows}.get("ours int8", {})
+    for beam, batch, profile, profiled_run in profiles:
+        tps = timed.get((beam, batch), {}).get("tps")  # the same pass, unprofiled
+        slowdown = profiled_run["median"] * tps / profiled_run["tokens"] if tps else None
+        markdown += "\n\n" + profile_markdown(profile, beam, batch, slowdown)
     replace_section(args.section, markdown, args.out)
     summary = {
         r["name"]: {label(k): round(c["tps"], 1) for k, c in r["cells"].items()} for r in rows

@@ -17,7 +17,7 @@ import setuptools
 
 import nmt_cli
 from bench.compare.plot import svg_chart
-from bench.compare.profiling import collect_profile
+from bench.compare.profiling import collect_profile, per_step
 from bench.compare.report import speed_markdown, speed_rows
 from bench.compare.runners import ENGINES, SEARCHES
 from bench.compare.worker import _calls
@@ -175,6 +175,12 @@ def test_the_engine_profiles_when_asked_and_the_profile_is_read_back(
     assert written[1] == "run-encoder"
     assert 0 < profile["inside_run_s"] <= profile["wall_s"]
     assert "MatMul" in dict(profile["ops_us"])
+    step = per_step(profile)
+    assert step is not None and step["steps"] == profile["runs"]["decoder"] >= 2
+    # The parts of a step add up to it, and none is negative.
+    parts = ("matmul", "other_kernels", "runtime_own", "outside")
+    assert sum(step[part] for part in parts) == pytest.approx(step["all_in"])
+    assert all(step[part] >= 0 for part in parts) and step["matmul"] > 0
     plain = Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
     plain.translate_ids(sources, SearchOptions(), 1)
     assert len(list(tmp_path.iterdir())) == 2  # profiling is off unless asked
