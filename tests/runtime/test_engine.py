@@ -121,6 +121,51 @@ def test_engine_search_equals_the_torch_reference(tiny_checkpoint, tiny_bundle, 
             assert a.score == pytest.approx(b.score, abs=1e-3)
 
 
+@pytest.fixture(scope="module", params=[(6, 1), (8, 2)], ids=["6x1", "8x2"])
+def student_shape(request, tiny_checkpoint: Path, tmp_path_factory) -> tuple[Path, Path]:
+    """A distillation student's shape (issue 38): a deep pre-norm encoder, a shallow decoder.
+    -> (model directory, its bundle)"""
+    from export.checkpoint import save_model_dir
+    from export.model.config import ModelConfig
+    from export.model.transformer import Transformer
+
+    encoder_layers, decoder_layers = request.param
+    torch.manual_seed(11)
+    config = ModelConfig(
+        vocab_size=400, d_model=64, n_heads=4, ffn_dim=128, dropout=0.0, pre_norm=True,
+        final_layer_norm=True, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+    )  # fmt: skip
+    model = Transformer(config).eval()
+    model.final_logits_bias[config.eos_id] = 2.0
+    folder = tmp_path_factory.mktemp(f"student-{encoder_layers}x{decoder_layers}")
+    save_model_dir(model, tiny_checkpoint / "sentencepiece.model", folder / "model")
+    export_bundle(folder / "model", folder / "bundle", int8=False)
+    return folder / "model", folder / "bundle"
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_deep_encoder_and_shallow_decoder_decode_as_the_torch_model(
+    student_shape, beam_size
+) -> None:
+    # The fused step and the engine take their layer counts from the model: nothing assumes
+    # the committed model's 3 + 3.
+    checkpoint, bundle = student_shape
+    model, _ = load_model_dir(checkpoint)
+    engine = Engine(load_bundle(bundle))
+    sources = random_sources(30, 400, seed=7)
+    options = SearchOptions(beam_size=beam_size, max_length=30)
+    found = search(engine, sources, options)
+    assert len({len(hyps[0].tokens) for hyps in found}) > 3  # ended by </s> and by the limit
+    source_ids = pad(sources, 0)
+    if beam_size == 1:
+        expected = [[h] for h in torch_greedy_search(model, source_ids, source_ids != 0, 30)]
+    else:
+        expected = torch_beam_search(model, source_ids, source_ids != 0, beam_size, 1.0, 1, 30)
+    for ours, theirs in zip(found, expected, strict=True):
+        assert ours[0].tokens == theirs[0].tokens
+        assert ours[0].log_prob == pytest.approx(theirs[0].log_prob, abs=1e-3)
+
+
 def test_top_k_selected_in_the_graph_is_the_top_k_of_torch(tiny_checkpoint, tiny_bundle) -> None:
     model, _ = load_model_dir(tiny_checkpoint)
     engine = Engine(load_bundle(tiny_bundle))
