@@ -21,16 +21,6 @@ def model() -> Transformer:
     return model
 
 
-@pytest.fixture(scope="module")
-def batch() -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(5)
-    lengths = torch.tensor([2, 5, 8, 3, 6])
-    source_mask = torch.arange(8)[None, :] < lengths[:, None]
-    source_ids = torch.randint(3, 40, (5, 8), generator=generator).masked_fill(~source_mask, 0)
-    source_ids[torch.arange(5), lengths - 1] = 1  # every source ends with </s>
-    return source_ids, source_mask
-
-
 def teacher_forced_log_prob(model: Transformer, source_ids, source_mask, tokens, ended: bool):
     """Sum of log p(token) along a given output, computed in one full (uncached) pass."""
     config = model.config

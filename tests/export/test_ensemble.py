@@ -28,16 +28,6 @@ def random_model(seed: int, decoder_layers: int = 2, d_model: int = 32) -> Trans
     return model
 
 
-@pytest.fixture(scope="module")
-def batch() -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(5)
-    lengths = torch.tensor([2, 5, 8, 3, 6])
-    source_mask = torch.arange(8)[None, :] < lengths[:, None]
-    source_ids = torch.randint(3, 40, (5, 8), generator=generator).masked_fill(~source_mask, 0)
-    source_ids[torch.arange(5), lengths - 1] = 1
-    return source_ids, source_mask
-
-
 def test_each_step_is_the_log_of_the_members_mean_probability(batch) -> None:
     # Members of different depth and width: the flat cache must be split right.
     first, second = random_model(1, decoder_layers=1), random_model(2, d_model=48)

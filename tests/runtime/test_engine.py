@@ -100,6 +100,14 @@ def test_beams_sharing_the_source_match_torch_with_a_copy_per_beam(
             tokens = torch.randint(3, 400, (len(rows),), generator=generator)
 
 
+def torch_reference(model, sources: list[list[int]], beam_size: int, n_best: int, limit: int):
+    """The torch searches' hypotheses for `sources`, n_best each (one for greedy)."""
+    source_ids = pad(sources, 0)
+    if beam_size == 1:
+        return [[h] for h in torch_greedy_search(model, source_ids, source_ids != 0, limit)]
+    return torch_beam_search(model, source_ids, source_ids != 0, beam_size, 1.0, n_best, limit)
+
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_engine_search_equals_the_torch_reference(tiny_checkpoint, tiny_bundle, beam_size) -> None:
     model, _ = load_model_dir(tiny_checkpoint)
@@ -109,11 +117,7 @@ def test_engine_search_equals_the_torch_reference(tiny_checkpoint, tiny_bundle, 
     found = search(engine, sources, options)
     lengths = {len(h.tokens) for hyps in found for h in hyps}
     assert len(lengths) > 3  # outputs of many lengths, some ended by </s>, some by the limit
-    source_ids = pad(sources, 0)
-    if beam_size == 1:
-        expected = [[h] for h in torch_greedy_search(model, source_ids, source_ids != 0, 30)]
-    else:
-        expected = torch_beam_search(model, source_ids, source_ids != 0, beam_size, 1.0, 2, 30)
+    expected = torch_reference(model, sources, beam_size, 2, 30)
     for ours, theirs in zip(found, expected, strict=True):
         assert [h.tokens for h in ours] == [h.tokens for h in theirs]
         for a, b in zip(ours, theirs, strict=True):
@@ -156,11 +160,7 @@ def test_a_deep_encoder_and_shallow_decoder_decode_as_the_torch_model(
     options = SearchOptions(beam_size=beam_size, max_length=30)
     found = search(engine, sources, options)
     assert len({len(hyps[0].tokens) for hyps in found}) > 3  # ended by </s> and by the limit
-    source_ids = pad(sources, 0)
-    if beam_size == 1:
-        expected = [[h] for h in torch_greedy_search(model, source_ids, source_ids != 0, 30)]
-    else:
-        expected = torch_beam_search(model, source_ids, source_ids != 0, beam_size, 1.0, 1, 30)
+    expected = torch_reference(model, sources, beam_size, 1, 30)
     for ours, theirs in zip(found, expected, strict=True):
         assert ours[0].tokens == theirs[0].tokens
         assert ours[0].log_prob == pytest.approx(theirs[0].log_prob, abs=1e-3)
