@@ -64,7 +64,7 @@ class Run:
     # every server)
     parts: list[list[float]] = field(default_factory=list)
     # Open loop: each request as played (chunk, arrival in the chunk, beam, words, latency or
-    # None when it failed), to compare servers request by request (--requests-log).
+    # None when no answer came), to compare servers request by request (--requests-log).
     played: list[dict] = field(default_factory=list)
 
     @property
