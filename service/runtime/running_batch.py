@@ -88,6 +88,9 @@ class _PerSentence:
         sentences reserve (sources, and length limits: RunningBatch.reserved_tokens)."""
         self.any_alignment = bool(self.alignment.any())
         self.any_repeats = bool(self.repeats.any())
+        # The max_repeats of every sentence when they share one (None: they differ, or none)
+        shared = self.repeats.size and (self.repeats == self.repeats[0]).all()
+        self.one_repeats = int(self.repeats[0]) if shared else None
         self.any_first = bool((self.first >= 0).any())
         self.any_confidence = bool(self.confidence.any())
         self.source_tokens = int(self.source_length.sum())
@@ -313,19 +316,21 @@ class RunningBatch:
             result, top_ids=top_ids, top_log_probs=top_log_probs, forced_log_probs=forced
         )
 
-    def closers(self) -> np.ndarray:
+    def closers(self) -> np.ndarray | None:
         """[rows, MAX_REPEAT_NGRAM]: the tokens that would make each row repeat an n-gram
-        once too often (-1: none), under its own sentence's max_repeats."""
-        first = int(self.per_sentence.repeats[0])
-        if (self.per_sentence.repeats == first).all():  # one setting (a server's): every row
-            window = MAX_REPEAT_NGRAM * (first + 1)
-            return repeat_closers(self.sequences[:, -window:], first)
+        once too often (-1: none), under its own sentence's max_repeats; None when no row can
+        this step (strategies.repeat_closers)."""
+        one = self.per_sentence.one_repeats
+        if one is not None:  # one setting (a server's): every row at once
+            return repeat_closers(self.sequences[:, -MAX_REPEAT_NGRAM * (one + 1) :], one)
         closers = np.full((self.rows, MAX_REPEAT_NGRAM), -1, dtype=np.int64)
         repeats_of_row = np.repeat(self.per_sentence.repeats, self.beams)
         for repeats in np.unique(repeats_of_row[repeats_of_row > 0]):
             rows = np.flatnonzero(repeats_of_row == repeats)
             window = MAX_REPEAT_NGRAM * (int(repeats) + 1)
-            closers[rows] = repeat_closers(self.sequences[rows, -window:], int(repeats))
+            found = repeat_closers(self.sequences[rows, -window:], int(repeats))
+            if found is not None:
+                closers[rows] = found
         return closers
 
     # Leaving.

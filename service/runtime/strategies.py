@@ -29,15 +29,24 @@ if TYPE_CHECKING:
 MAX_REPEAT_NGRAM = 4
 
 
-def repeat_closers(sequences: np.ndarray, max_repeats: int) -> np.ndarray:
+def repeat_closers(sequences: np.ndarray, max_repeats: int) -> np.ndarray | None:
     """sequences [rows, L] (tokens so far) -> [rows, MAX_REPEAT_NGRAM] token ids, -1 for none:
     for each n, the token that would make the row end in max_repeats + 1 copies of one n-gram.
     The last n*(max_repeats+1) - 1 tokens must already repeat with period n; the closing token
-    is then the one n positions back. (PADDING never matches a real token.)"""
+    is then the one n positions back. (PADDING never matches a real token.)
+
+    None when no row can close a repeat this step, as at most steps. From two repeats on, the
+    span to check is longer than n, so a row with period n has its last token n positions back
+    as well: a row whose last token is none of the MAX_REPEAT_NGRAM before it has no period at
+    all. That costs two array operations, where the periods cost a dozen."""
     rows, length = sequences.shape
-    closers = np.full((rows, MAX_REPEAT_NGRAM), -1, dtype=np.int64)
     if max_repeats <= 0:
-        return closers
+        return None
+    if max_repeats >= 2:
+        before = sequences[:, -1 - MAX_REPEAT_NGRAM : -1]  # [rows, <= MAX_REPEAT_NGRAM]
+        if not (before == sequences[:, -1:]).any():
+            return None
+    closers = np.full((rows, MAX_REPEAT_NGRAM), -1, dtype=np.int64)
     for n in range(1, MAX_REPEAT_NGRAM + 1):
         span = n * (max_repeats + 1) - 1
         if length < span:
@@ -127,11 +136,11 @@ class GreedySearch(SearchStrategy):
     def choose(self, batch: RunningBatch, result: StepResult) -> list[Finished]:
         eos = batch.engine.eos_id
         best, best_log_prob = result.top_ids[:, 0], result.top_log_probs[:, 0]  # [rows]
-        # Rows whose both choices would loop end before them (only with the guard: else None,
-        # which spares a few array operations a step).
+        # Rows whose both choices would loop end before them (None unless a row can close a
+        # repeat this step, which spares a few array operations at most steps).
         stuck = None
-        if batch.per_sentence.any_repeats:
-            closers = batch.closers()
+        closers = batch.closers() if batch.per_sentence.any_repeats else None
+        if closers is not None:
 
             def loops(tokens: np.ndarray) -> np.ndarray:
                 return (closers == tokens[:, None]).any(axis=1) & (tokens != eos)
@@ -260,9 +269,10 @@ class BeamSearch(SearchStrategy):
         log_probs, top_ids = self._continuations(batch, result)
         per_beam = top_ids.shape[2]
         candidates = self.scores[:, :, None] + log_probs
-        if batch.per_sentence.any_repeats and batch.sequences.shape[1]:
+        closers = batch.closers() if batch.per_sentence.any_repeats else None
+        if closers is not None:
             # A token that would repeat an n-gram once too often is no candidate at all.
-            closers = batch.closers().reshape(live, width, 1, -1)
+            closers = closers.reshape(live, width, 1, -1)
             closes = (closers == top_ids[..., None]).any(axis=3) & (top_ids != eos)
             candidates = np.where(closes, -np.inf, candidates)
         at_limit = length >= batch.per_sentence.limit  # [live]

@@ -12,6 +12,7 @@ import pytest
 
 from service.runtime.engine import StepResult
 from service.runtime.kv_cache import KVCache
+from service.runtime.running_batch import PADDING
 from service.runtime.search import SearchOptions
 from service.runtime.strategies import MAX_REPEAT_NGRAM, repeat_closers
 from service.runtime.translator import search
@@ -46,7 +47,8 @@ def test_repeat_closers_name_exactly_the_tokens_that_complete_a_repeat(max_repea
     rows = [[rng.choice([5, 6, 7]) for _ in range(rng.randint(0, 14))] for _ in range(400)]
     rows += [[5, 6] * 6, [5] * 9, [5, 6, 7] * 4, [5, 6, 7, 8] * 4]
     for row in rows:
-        closers = repeat_closers(np.array([row], dtype=np.int64).reshape(1, -1), max_repeats)[0]
+        found = repeat_closers(np.array([row], dtype=np.int64).reshape(1, -1), max_repeats)
+        closers = [] if found is None else found[0]  # None: no token closes a repeat
         for token in (5, 6, 7, 8):
             expected = ends_with_too_many([*row, token], max_repeats) and not ends_with_too_many(
                 row, max_repeats
@@ -54,6 +56,37 @@ def test_repeat_closers_name_exactly_the_tokens_that_complete_a_repeat(max_repea
             if ends_with_too_many(row, max_repeats):
                 continue  # a row the guard would already have stopped
             assert (token in closers) == expected, (row, token)
+
+
+@pytest.mark.parametrize("max_repeats", [1, 2, 3])
+def test_repeat_closers_of_rows_together_are_each_rows_own(max_repeats: int):
+    # Rows of one width, as a running batch holds them (PADDING in front of a row that joined
+    # later): each row's closers are what the brute-force rule says of its own tokens.
+    rng = random.Random(10 + max_repeats)
+    for _ in range(1000):
+        width, count = rng.randint(0, 20), rng.randint(1, 6)
+        rows = [periodic_or_not(rng, width) for _ in range(count)]
+        joined_late = rng.randint(0, width)
+        rows[0][:joined_late] = [PADDING] * joined_late
+        found = repeat_closers(np.array(rows, dtype=np.int64).reshape(count, width), max_repeats)
+        for i, row in enumerate(rows):
+            own = [token for token in row if token != PADDING]
+            if ends_with_too_many(own, max_repeats):
+                continue  # a row the guard would already have stopped
+            closers = [] if found is None else found[i].tolist()
+            for token in (5, 6, 7, 8):
+                expected = ends_with_too_many([*own, token], max_repeats)
+                assert (token in closers) == expected, (rows, i, token)
+
+
+def periodic_or_not(rng: random.Random, width: int) -> list[int]:
+    """`width` tokens: random, or (half the time) ending in copies of a random n-gram."""
+    tokens = [rng.choice([5, 6, 7, 8]) for _ in range(width)]
+    if rng.random() < 0.5:
+        gram = rng.sample([5, 6, 7, 8], rng.randint(1, MAX_REPEAT_NGRAM))
+        tail = (gram * width)[: rng.randint(0, width)]
+        tokens[width - len(tail) :] = tail
+    return tokens
 
 
 class LoopingEngine:
