@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import os
 import re
 import shutil
 import subprocess
@@ -157,6 +156,14 @@ def onnxruntime_library() -> Path:
     return next(folder.glob("onnxruntime_pybind11_state*.so"))
 
 
+def test_sentences() -> list[str]:
+    """What every cell translates: the first 256 lines of test_2016_flickr.fr."""
+    from export.data import read_lines
+    from export.train_config import multi30k_dir
+
+    return read_lines(multi30k_dir() / "test_2016_flickr.fr")[:256]
+
+
 def decode(bundle: Path, beam: int, batch: int, seconds: float, ready: Path) -> None:
     """The sampled process: translate test sentences again and again, after `ready` exists."""
     from service.runtime.bundle import load_bundle
@@ -164,8 +171,7 @@ def decode(bundle: Path, beam: int, batch: int, seconds: float, ready: Path) -> 
     from service.runtime.sessions import EngineOptions
     from service.runtime.translator import Translator
 
-    data = Path(os.environ.get("NMT_DATA", "../shared/data/multi30k"))
-    lines = (data / "test_2016_flickr.fr").read_text(encoding="utf-8").splitlines()[:256]
+    lines = test_sentences()
     translator = Translator(load_bundle(bundle), EngineOptions(int8=True, intra_op_threads=1))
     options = SearchOptions(beam_size=beam)
     translator.translate(lines[:batch], options, batch)  # warm
@@ -182,8 +188,7 @@ def decode_ctranslate2(compare: Path, beam: int, batch: int, seconds: float, rea
     import ctranslate2
     import sentencepiece
 
-    data = Path(os.environ.get("NMT_DATA", "../shared/data/multi30k"))
-    lines = (data / "test_2016_flickr.fr").read_text(encoding="utf-8").splitlines()[:256]
+    lines = test_sentences()
     pieces = sentencepiece.SentencePieceProcessor(model_file=str(compare / "marian/source.spm"))
     sources = [[*pieces.encode(line, out_type=str), "</s>"] for line in lines]
     translator = ctranslate2.Translator(
