@@ -207,7 +207,9 @@ class Engine:
         output projection [D, C]: after joins and leaves (KVCache.select_sources), not per
         step."""
         cache.vocabulary = np.unique(np.concatenate(cache.candidates))
-        cache.projection = np.ascontiguousarray(self.projection[:, cache.vocabulary])
+        # [D, C]: `take` copies a row's picked columns at a time, 5-9x faster than the fancy
+        # index `projection[:, vocabulary]` (docs/performance.md, the shortlist section).
+        cache.projection = self.projection.take(cache.vocabulary, axis=1)
         cache.vocabulary_sources = cache.sources
         cache.unbind()
 
