@@ -4,7 +4,10 @@
 
 One run prepares the three forms of one checkpoint (our ONNX bundle, fp32 + int8; the Hugging
 Face Marian directory from `nmt export-marian`; its CTranslate2 conversion by the stock
-`ct2-transformers-converter`), then times every engine on the same pre-tokenized sentences:
+`ct2-transformers-converter`), then times every engine on the same pre-tokenized sentences.
+A checkpoint no Hugging Face class holds (a pre-norm student) has no Marian directory, so no
+transformers engine; its CTranslate2 model is converted straight from its weights
+(`ct2_convert`, tested token for token against the torch reference).
 
 * ours: fp32 and int8, with and without the KV cache (ONNX Runtime);
 * CTranslate2: compute_type float32 and int8;
@@ -23,7 +26,7 @@ get it per group of sentences sharing a limit). Writes two sections of docs/benc
 ("compare", "compare-parity") and docs/compare.svg. Needs the `bench` extra.
 
 Modules, one job each: `prepare` (artefacts and sentences), `runners` (the engines),
-`worker` (one engine in its own process), `profiling` (ONNX Runtime's profiler), `parity`
+`ct2_convert` (a CTranslate2 model of any of our shapes), `worker` (one engine in its own process), `profiling` (ONNX Runtime's profiler), `parity`
 (same translations?), `report` (the speed tables), `plot` (the chart), `cli` (the command).
 Measured numbers live in docs/benchmarks.md, never here: rerun the command to refresh them.
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +13,16 @@ from nmt_contract import BUNDLE_FORMAT, SHORTLIST_FILE, Shortlist, length_limit,
 MAX_LENGTH = 256  # the engine's default cap on output tokens
 EXPORT = Path(__file__).resolve().parents[2] / "export"
 EXPORTERS = ("onnx_export.py", "fused_step.py", "marian.py", "shortlist.py")
+CT2_CONVERT = Path(__file__).with_name("ct2_convert.py")
 
 
 def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
     """Bundle, Marian directory and CTranslate2 model of one checkpoint (kept while it does
     not change: a stamp records the checksums of the weights they came from and of the
-    exporters' code, and the bundle format)."""
+    exporters' code, and the bundle format). A checkpoint that is not Marian-shaped (a
+    pre-norm student) has no Marian directory, so no transformers engine: its CTranslate2
+    model is converted straight from its weights (bench/compare/ct2_convert.py)."""
+    from export.hf.common import InteropError
     from export.marian import export_marian
     from export.onnx_export import export_bundle
     from export.shortlist import write_ctranslate2_vmap
@@ -35,34 +40,49 @@ def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
         # What the exporters write can change within a format (a new optional graph): their
         # code is part of what the bundle came from.
         "exporters": {name: sha256_of(EXPORT / name) for name in EXPORTERS},
+        "ct2_convert": sha256_of(CT2_CONVERT),
     }
-    fresh = stamp.is_file() and json.loads(stamp.read_text()) == weights
-    if fresh and all(p.exists() for p in paths.values()):
-        return paths
+    old = json.loads(stamp.read_text()) if stamp.is_file() else {}
+    made = old.pop("made", [])
+    if old == weights and made and all(paths[name].exists() for name in made):
+        return {name: paths[name] for name in made}
     stamp.unlink(missing_ok=True)
+    shutil.rmtree(paths["marian"], ignore_errors=True)
     print(f"preparing {work}: ONNX bundle, Marian directory, CTranslate2 model", flush=True)
     export_bundle(checkpoint, paths["bundle"], int8=True)
-    export_marian(checkpoint, paths["marian"])
-    converter = Path(sys.executable).with_name("ct2-transformers-converter")
-    command = [converter, "--model", paths["marian"], "--output_dir", paths["ct2"], "--force"]
+    vmap = None
     if shortlist.is_file():  # the same shortlist as CTranslate2's vocabulary map (use_vmap)
         vmap = work / "vmap.txt"
-        write_ctranslate2_vmap(
-            Shortlist.load(shortlist), _pieces_by_our_id(checkpoint, paths), vmap
-        )
-        command += ["--vocab_mapping", vmap]
-    converted = subprocess.run(command, capture_output=True, text=True)
-    if converted.returncode:
-        raise SystemExit(f"ct2-transformers-converter failed:\n{converted.stderr[-2000:]}")
-    stamp.write_text(json.dumps(weights) + "\n")
+        write_ctranslate2_vmap(Shortlist.load(shortlist), pieces_by_our_id(checkpoint), vmap)
+    try:
+        export_marian(checkpoint, paths["marian"])
+    except InteropError as error:
+        print(f"{error}: CTranslate2 converted from our weights, no transformers", flush=True)
+        from bench.compare.ct2_convert import convert
+
+        convert(checkpoint, paths["ct2"], vmap)
+        del paths["marian"]
+    else:
+        converter = Path(sys.executable).with_name("ct2-transformers-converter")
+        command = [converter, "--model", paths["marian"], "--output_dir", paths["ct2"], "--force"]
+        if vmap is not None:
+            command += ["--vocab_mapping", vmap]
+        converted = subprocess.run(command, capture_output=True, text=True)
+        if converted.returncode:
+            raise SystemExit(f"ct2-transformers-converter failed:\n{converted.stderr[-2000:]}")
+    stamp.write_text(json.dumps(weights | {"made": sorted(paths)}) + "\n")
     return paths
 
 
-def _pieces_by_our_id(checkpoint: Path, paths: dict[str, Path]) -> list[str]:
-    """The Marian directory's piece for each of our ids (what CTranslate2's vocabulary holds)."""
-    vocab = json.loads((paths["marian"] / "vocab.json").read_text())
-    piece_of = {i: piece for piece, i in vocab.items()}
-    return [piece_of[i] for i in id_maps(checkpoint)["to_marian"]]
+def pieces_by_our_id(checkpoint: Path) -> list[str]:
+    """The piece of each of our ids: how CTranslate2's vocabulary (either conversion) and the
+    Marian directory's vocab.json name our words."""
+    from export.checkpoint import load_tokenizer
+    from export.marian import pieces_of
+    from export.model.config import ModelConfig
+
+    config = ModelConfig.from_json(checkpoint / "config.json")
+    return pieces_of(load_tokenizer(checkpoint), config.vocab_size)
 
 
 def load_sources(bundle: Path, data: Path, count: int | None) -> tuple[list[str], list[list[int]]]:
@@ -91,7 +111,11 @@ def id_maps(checkpoint: Path) -> dict:
     from export.model.config import ModelConfig
 
     config = ModelConfig.from_json(checkpoint / "config.json")
-    return {"to_marian": our_ids_to_marian(config), "max_positions": config.max_positions}
+    return {
+        "to_marian": our_ids_to_marian(config),
+        "pieces": pieces_by_our_id(checkpoint),
+        "max_positions": config.max_positions,
+    }
 
 
 def pad_norm(checkpoint: Path) -> float:

@@ -6,9 +6,7 @@ imports its engine only there, so that the parent process never loads any of the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
 # Every configuration in the table, in order. "ours" fp32 with the cache is the reference.
@@ -31,6 +29,14 @@ ENGINES = {
     "transformers fp32": {"engine": "transformers"},
 }
 REFERENCE = "ours fp32"
+
+
+def needs_marian(name: str) -> bool:
+    """Whether the engine reads the checkpoint's Marian directory (only Marian-shaped ones
+    have one: bench/compare/prepare.py)."""
+    return ENGINES[name]["engine"] == "transformers"
+
+
 SEARCHES = ((1, 1), (1, 32), (4, 1), (4, 32))  # (beam, batch): the table's columns
 
 
@@ -76,10 +82,7 @@ class CTranslate2Runner:
         )
         self.patience = job["spec"].get("patience", 2.0)
         self.vmap = job["spec"].get("vmap", False)
-        vocab = json.loads((Path(job["paths"]["marian"]) / "vocab.json").read_text())
-        piece_of = {i: piece for piece, i in vocab.items()}
-        to_marian = job["maps"]["to_marian"]
-        self.pieces = [piece_of[to_marian[i]] for i in range(len(to_marian))]  # by our id
+        self.pieces = job["maps"]["pieces"]  # by our id: CTranslate2 looks words up by piece
         self.our_id = {piece: i for i, piece in enumerate(self.pieces)}
 
     def translate(self, sources: list[list[int]], beam: int, limit: int) -> list[list[int]]:
