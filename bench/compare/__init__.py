@@ -26,8 +26,9 @@ get it per group of sentences sharing a limit). Writes two sections of docs/benc
 ("compare", "compare-parity") and docs/compare.svg. Needs the `bench` extra.
 
 Modules, one job each: `prepare` (artefacts and sentences), `runners` (the engines),
-`ct2_convert` (a CTranslate2 model of any of our shapes), `worker` (one engine in its own process), `profiling` (ONNX Runtime's profiler), `parity`
-(same translations?), `report` (the speed tables), `plot` (the chart), `cli` (the command).
+`ct2_convert` (a CTranslate2 model of any of our shapes), `worker` (one engine in its own
+process), `profiling` (ONNX Runtime's profiler), `parity` (same translations?), `report` (the
+speed tables), `plot` (the chart), `cli` (the command).
 Measured numbers live in docs/benchmarks.md, never here: rerun the command to refresh them.
 """
 
