@@ -327,9 +327,12 @@ def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.Mode
         ]
     outputs = _outputs(config)
     graph = helper.make_graph(g.nodes, "decoder_step", inputs, outputs, g.initializers)
-    # MultiHeadAttention's qk output may be another float type than its inputs: say which.
+    # MultiHeadAttention's qk output may be another float type than its inputs: say which,
+    # and its rank (a provider that infers shapes itself, OpenVINO's, reads "no shape" as a
+    # scalar and then fails at the Transpose of the weights).
+    scores_shape = ["sources", config.n_heads, "rows_per_source", "source"]  # [B/K, H, K, S]
     graph.value_info.extend(
-        helper.make_tensor_value_info(f"layer{i}.cross.scores", TensorProto.FLOAT, None)
+        helper.make_tensor_value_info(f"layer{i}.cross.scores", TensorProto.FLOAT, scores_shape)
         for i in range(config.decoder_layers)
     )
     model_proto = helper.make_model(

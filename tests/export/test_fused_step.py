@@ -191,3 +191,32 @@ def check_step(model: Transformer, sources: int, rows_per_source: int, past: int
             real = expected[name][row, :, past - length :]
             np.testing.assert_allclose(buffer[row, :, : length + 1], real, atol=2e-5, rtol=1e-4)
             assert (buffer[row, :, length + 1 :] == garbage).all()
+
+
+def test_the_declared_intermediate_shapes_are_the_computed_ones() -> None:
+    """What the graph declares of its intermediates (value_info: the cross-attention scores,
+    which MultiHeadAttention's schema leaves untyped) has the rank and sizes ONNX Runtime
+    computes. A provider that infers shapes from the declarations (OpenVINO's) reads a missing
+    shape as a scalar and refuses the graph."""
+    sources, rows_per_source, past, source = 3, 2, 4, 7
+    proto = fused_decoder_step(random_model("relu", seed=5))
+    declared = list(proto.graph.value_info)
+    assert declared
+    proto.graph.output.extend(declared)
+    step = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = step_inputs(sources, rows_per_source, past, source, seed=1)
+    del feeds["past_mask"]
+    rows = sources * rows_per_source
+    rng = np.random.default_rng(2)
+    for name in layer_names("past", LAYERS):  # room for the position the step writes
+        feeds[name] = rng.standard_normal((rows, HEADS, past + 1, HEAD_DIM), dtype=np.float32)
+    feeds["positions"] = np.full(rows, past, dtype=np.int64)
+    computed = step.run([v.name for v in declared], feeds)
+    sizes = {"sources": sources, "rows_per_source": rows_per_source, "source": source}
+    for info, value in zip(declared, computed, strict=True):
+        dims = info.type.tensor_type.shape.dim
+        expected = tuple(
+            d.dim_value if d.HasField("dim_value") else sizes[d.dim_param] for d in dims
+        )
+        assert value.shape == expected, info.name
+        assert value.shape == (sources, HEADS, rows_per_source, source)  # [B/K, H, K, S]
