@@ -13,6 +13,8 @@ Every variant is made from the bundle's fp32 graphs (encoder and decoder step):
   (Multi30k's val set, never the test set), greedy and beam 4. ONNX Runtime's histogram
   calibrations (percentile, entropy) stack every run's activations into one array and so
   need inputs of one shape; a decoder step's past grows every step.
+* **static, s8 activations**: the same with signed activations, so every matmul is s8 x s8
+  (ONNX Runtime's dynamic quantizer makes u8 activations only).
 * **bf16**: only probed. It needs a bfloat16 MatMul kernel in ONNX Runtime's CPU provider
   and a CPU with bf16 instructions; the report says what this machine and ONNX Runtime have.
 
@@ -39,7 +41,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from bench.report import replace_section
+from bench.report import cpu_model, replace_section
 from bench.step_ab import in_turns, step_session, stepper
 from export.scoring import corpus_scores
 from export.train_config import multi30k_dir
@@ -127,7 +129,12 @@ def typed_for_the_quantizer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, li
     return model, matmuls
 
 
-def static_quantizer(per_channel: bool) -> Callable[[Path, Path, list[dict]], None]:
+def static_quantizer(
+    per_channel: bool, signed_activations: bool = False
+) -> Callable[[Path, Path, list[dict]], None]:
+    """Static scales for the matmuls' inputs, calibrated on `feeds`; s8 activations
+    (`signed_activations`) make every matmul s8 x s8 instead of u8 x s8."""
+
     def make(fp32: Path, out: Path, feeds: list[dict]) -> None:
         from onnxruntime.quantization import (
             CalibrationDataReader,
@@ -156,7 +163,7 @@ def static_quantizer(per_channel: bool) -> Callable[[Path, Path, list[dict]], No
                 op_types_to_quantize=["MatMul"],
                 nodes_to_quantize=matmuls,
                 per_channel=per_channel,
-                activation_type=QuantType.QUInt8,
+                activation_type=QuantType.QInt8 if signed_activations else QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 calibrate_method=CalibrationMethod.MinMax,
                 extra_options={
@@ -184,6 +191,10 @@ VARIANTS = [
     Variant("dynamic, per channel", dynamic_quantizer(per_channel=True)),
     Variant("static, per tensor", static_quantizer(per_channel=False)),
     Variant("static, per channel", static_quantizer(per_channel=True)),
+    Variant(
+        "static, per tensor, s8 activations (s8 x s8)",
+        static_quantizer(per_channel=False, signed_activations=True),
+    ),
 ]
 
 
@@ -328,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             "## How to quantize: per tensor or per channel, dynamic or static",
             "",
             f"Reproduce: `python -m bench.quantization --bundle {args.bundle}` "
-            f"({platform.machine()}, one thread, ONNX Runtime {ort.__version__}).",
+            f"({cpu_model()}, {platform.machine()}, one thread, ONNX Runtime {ort.__version__}).",
             "",
             "Each variant's int8 encoder and decoder step, made from the same fp32 graphs. "
             "Times are medians, the variants taking turns in one process (ratios to the "
