@@ -215,7 +215,10 @@ class Trainer:
 
     # ----- training ------------------------------------------------------------------------
     def _loss(self, batch, label_smoothing: float) -> tuple[torch.Tensor, int]:
-        logits = self.model(batch.source_ids, batch.source_mask, batch.target_in)  # [B, T, V]
+        # (validation runs in float32, as the exported model will)
+        mixed = self.config.bf16 and self.model.training
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=mixed):
+            logits = self.model(batch.source_ids, batch.source_mask, batch.target_in)  # [B, T, V]
         pad_id = self.model.config.pad_id
         loss = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(),
