@@ -132,7 +132,7 @@ def test_bf16_trains_in_bfloat16_and_keeps_float32_weights(
 ) -> None:
     """--bf16: the training forward pass computes in bfloat16, validation in float32, and
     the weights stay float32; the toy task is still learned."""
-    config = toy_config(reverse_corpus, bf16=bf16, max_epochs=12)
+    config = toy_config(reverse_corpus, bf16=bf16)
     trainer = Trainer(config, tmp_path / "run", show_progress=False)
     seen = []  # what the model's first linear layer computes in
     linear = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear))
@@ -151,4 +151,5 @@ def test_bf16_trains_in_bfloat16_and_keeps_float32_weights(
     references = (reverse_corpus / "val.tgt").read_text().splitlines()
     outputs = translate_texts(model, tokenizer, sources, beam_size=1)
     solved = sum(o == r for o, r in zip(outputs, references, strict=True)) / len(sources)
+    # 93-94% here in either precision after 20 epochs; a model that does not learn: almost none
     assert solved >= 0.5, f"only {solved:.0%} of held-out sentences reversed"
