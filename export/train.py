@@ -124,7 +124,8 @@ class Trainer:
         config_path = self.run_dir / "train_config.json"
         wanted = dataclasses.asdict(self.config)
         if config_path.exists():
-            saved = json.loads(config_path.read_text())
+            # (a setting added since the run started: it ran with that setting's default)
+            saved = dataclasses.asdict(TrainConfig()) | json.loads(config_path.read_text())
             if saved != wanted:
                 changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
                 raise ValueError(

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from export.model.config import ModelConfig
 
+DECODER_STARTS = ("pad", "eos")
+
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multi30k"
 
 
@@ -33,6 +35,12 @@ class TrainConfig:
     # Pre-norm layers (with a final LayerNorm after each stack): deeper stacks train without
     # the long warmup post-norm needs. The committed model is post-norm (Marian's layout).
     pre_norm: bool = False
+    # How positions are signalled (export/model/config.py's POSITIONS): "sinusoidal" (Marian's)
+    # or "sinusoidal_offset" (fairseq's, M2M-100's and NLLB's).
+    positions: str = "sinusoidal"
+    # The token decoding starts from: "pad" (Marian's) or "eos" (fairseq's: M2M-100, NLLB).
+    # With --pre-norm and --positions sinusoidal_offset, "eos" gives M2M-100's layout.
+    decoder_start: str = "pad"
     dropout: float = 0.1
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
@@ -55,7 +63,14 @@ class TrainConfig:
     # (docs/training.md); validation and the saved model stay float32.
     bf16: bool = False
 
+    def __post_init__(self) -> None:
+        if self.decoder_start not in DECODER_STARTS:
+            raise ValueError(
+                f"decoder_start must be one of {sorted(DECODER_STARTS)}, got {self.decoder_start!r}"
+            )
+
     def model_config(self, vocab_size: int) -> ModelConfig:
+        defaults = ModelConfig()
         return ModelConfig(
             vocab_size=vocab_size,
             d_model=self.d_model,
@@ -69,6 +84,8 @@ class TrainConfig:
             activation=self.activation,
             pre_norm=self.pre_norm,
             final_layer_norm=self.pre_norm,
+            positions=self.positions,
+            decoder_start_id={"pad": defaults.pad_id, "eos": defaults.eos_id}[self.decoder_start],
             source_lang=self.source_lang,
             target_lang=self.target_lang,
         )

@@ -153,3 +153,89 @@ def test_bf16_trains_in_bfloat16_and_keeps_float32_weights(
     solved = sum(o == r for o, r in zip(outputs, references, strict=True)) / len(sources)
     # 93-94% here in either precision after 20 epochs; a model that does not learn: almost none
     assert solved >= 0.5, f"only {solved:.0%} of held-out sentences reversed"
+
+
+def test_the_m2m100_layout_trains_a_model_that_transformers_computes_alike(
+    reverse_corpus: Path, tmp_path: Path
+) -> None:
+    """--pre-norm --positions sinusoidal_offset --decoder-start eos: a model M2M-100's class
+    in transformers holds as it is (the same weights under its names give the same logits),
+    so that a student trained so can leave for Hugging Face's tools."""
+    transformers = pytest.importorskip("transformers")
+    from export.hf.common import hf_layer_name
+
+    config = toy_config(
+        reverse_corpus, max_steps=30, pre_norm=True, positions="sinusoidal_offset",
+        decoder_start="eos",
+    )  # fmt: skip
+    run_training(config, tmp_path / "run", tmp_path / "model", show_progress=False)
+    ours, tokenizer = load_model_dir(tmp_path / "model")
+    ours.eval()
+    c = ours.config
+    assert (c.pre_norm, c.final_layer_norm, c.positions) == (True, True, "sinusoidal_offset")
+    assert c.decoder_start_id == c.eos_id
+    assert not ours.final_logits_bias.any()  # (M2M-100 has none)
+    hf_config = transformers.M2M100Config(
+        vocab_size=c.vocab_size, d_model=c.d_model, encoder_layers=c.encoder_layers,
+        decoder_layers=c.decoder_layers, encoder_attention_heads=c.n_heads,
+        decoder_attention_heads=c.n_heads, encoder_ffn_dim=c.ffn_dim, decoder_ffn_dim=c.ffn_dim,
+        activation_function=c.activation, max_position_embeddings=c.max_positions,
+        scale_embedding=c.scale_embedding, pad_token_id=c.pad_id, eos_token_id=c.eos_id,
+        decoder_start_token_id=c.decoder_start_id, dropout=0.0,
+    )  # fmt: skip
+    hf = transformers.M2M100ForConditionalGeneration(hf_config).eval()
+    weights = {}
+    for name, tensor in ours.state_dict().items():
+        if name == "embed_tokens.weight":
+            for tied in ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens",
+                         "lm_head"):  # fmt: skip
+                weights[f"{tied}.weight"] = tensor
+        elif name.startswith(("encoder_layer_norm", "decoder_layer_norm")):
+            side, parameter = name.split("_layer_norm.")
+            weights[f"model.{side}.layer_norm.{parameter}"] = tensor
+        elif name != "final_logits_bias":
+            weights[hf_layer_name(name)] = tensor
+    missing, unexpected = hf.load_state_dict(weights, strict=False)
+    assert not unexpected and not [m for m in missing if "embed_positions" not in m]
+
+    sources = (reverse_corpus / "val.src").read_text().splitlines()[:4]
+    targets = (reverse_corpus / "val.tgt").read_text().splitlines()[:4]
+    source_rows = tokenizer.encode_batch(sources)  # pieces, </s>
+    target_rows = [[c.decoder_start_id, *t[:-1]] for t in tokenizer.encode_batch(targets)]
+
+    def padded(rows: list[list[int]]) -> torch.Tensor:  # right-padded, as both expect
+        width = max(map(len, rows))
+        return torch.tensor([row + [c.pad_id] * (width - len(row)) for row in rows])
+
+    source_ids, target_in = padded(source_rows), padded(target_rows)
+    with torch.no_grad():
+        expected = hf(
+            input_ids=source_ids, attention_mask=source_ids != c.pad_id,
+            decoder_input_ids=target_in,
+        ).logits  # fmt: skip
+        got = ours(source_ids, source_ids != c.pad_id, target_in)
+    real = target_in != c.pad_id
+    real[:, 0] = True  # (the start token, </s> here, is never the padding id)
+    assert torch.allclose(got[real], expected[real], atol=1e-4), (got - expected).abs().max()
+
+
+def test_a_run_started_before_a_setting_existed_resumes_with_its_default(
+    reverse_corpus: Path, tmp_path: Path
+) -> None:
+    import json
+
+    config = toy_config(reverse_corpus, max_steps=2)
+    Trainer(config, tmp_path / "run", show_progress=False)
+    saved_path = tmp_path / "run" / "train_config.json"
+    saved = json.loads(saved_path.read_text())
+    del saved["positions"], saved["decoder_start"]  # as written before they were settings
+    saved_path.write_text(json.dumps(saved))
+    Trainer(config, tmp_path / "run", show_progress=False)  # the defaults: the same run
+    other = dataclasses.replace(config, positions="sinusoidal_offset")
+    with pytest.raises(ValueError, match=r"other settings \(positions\)"):
+        Trainer(other, tmp_path / "run", show_progress=False)
+
+
+def test_an_unknown_decoder_start_is_refused() -> None:
+    with pytest.raises(ValueError, match="decoder_start must be one of"):
+        TrainConfig(decoder_start="bos")
