@@ -391,14 +391,22 @@ def _cmd_import_hf(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_export_marian(args: argparse.Namespace) -> int:
+def _cmd_export_hf(args: argparse.Namespace) -> int:
+    from export.checkpoint import CONFIG_FILE
     from export.hf import InteropError
-    from export.marian import export_marian
+    from export.m2m100 import export_m2m100
+    from export.marian import MARIAN_SHAPE, export_marian
+    from export.model.config import ModelConfig
 
     try:
-        print(json.dumps(export_marian(args.checkpoint, args.out)))
-    except InteropError as error:
-        print(f"nmt export-marian: {error}", file=sys.stderr)
+        config = ModelConfig.from_json(args.checkpoint / CONFIG_FILE)
+        marian = all(getattr(config, key) == value for key, value in MARIAN_SHAPE.items())
+        # Marian's shape is our default; a model in M2M-100's layout (pre-norm) goes there,
+        # and export_m2m100 says what keeps any other one out.
+        export = export_marian if marian else export_m2m100
+        print(json.dumps(export(args.checkpoint, args.out)))
+    except (InteropError, OSError, ValueError) as error:
+        print(f"nmt {args.command}: {error}", file=sys.stderr)
         return 2
     return 0
 
@@ -431,11 +439,14 @@ def _add_marian(subparsers: argparse._SubParsersAction) -> None:
         "its name and what its README.md says)",
     )
 
-    export_marian = subparsers.add_parser(
-        "export-marian", help="our model directory -> a Hugging Face Marian directory"
+    export_hf = subparsers.add_parser(
+        "export-hf",
+        aliases=["export-marian"],
+        help="our model directory -> a Hugging Face directory (Marian, or M2M-100 for a model "
+        "trained in its layout)",
     )
-    export_marian.add_argument("--checkpoint", type=Path, default=Path("models/fr-en"))
-    export_marian.add_argument("--out", type=Path, required=True, help="HF directory to write")
+    export_hf.add_argument("--checkpoint", type=Path, default=Path("models/fr-en"))
+    export_hf.add_argument("--out", type=Path, required=True, help="HF directory to write")
 
 
 def _add_models(subparsers: argparse._SubParsersAction) -> None:
@@ -580,7 +591,8 @@ COMMANDS = {
     "db": _cmd_db,
     "import-hf": _cmd_import_hf,
     "import-marian": _cmd_import_hf,
-    "export-marian": _cmd_export_marian,
+    "export-hf": _cmd_export_hf,
+    "export-marian": _cmd_export_hf,
 }
 
 

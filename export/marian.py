@@ -122,22 +122,18 @@ def marian_weights(model: Transformer) -> dict[str, torch.Tensor]:
     return weights
 
 
-def export_marian(checkpoint: Path, out_dir: Path) -> dict:
-    """Our model directory -> a Hugging Face Marian directory (written atomically)."""
-    model, tokenizer = load_model_dir(checkpoint)
-    config = model.config
-    other = {k: getattr(config, k) for k, v in MARIAN_SHAPE.items() if getattr(config, k) != v}
-    if other:
-        raise InteropError(f"{checkpoint} is not Marian-shaped ({other}): no Marian export")
-    order = marian_order(config)
-    pieces = pieces_of(tokenizer, config.vocab_size)
-    if len(set(pieces)) != len(pieces):
-        raise InteropError("the tokenizer gives two ids the same piece: no vocab.json")
-    # MarianTokenizer (and CTranslate2) find the special tokens by these pieces.
-    for piece, i in (("</s>", config.eos_id), ("<pad>", config.pad_id), ("<unk>", config.unk_id)):
-        if pieces[i] != piece:
-            raise InteropError(f"id {i} is the piece {pieces[i]!r}; Marian needs {piece!r}")
-    hf_config = marian_config(config)
+def write_hf_directory(
+    out_dir: Path,
+    hf_config: dict,
+    weights: dict[str, torch.Tensor],
+    tokenizer: Tokenizer | VocabTokenizer,
+    config: ModelConfig,
+    pieces: list[str],
+    order: list[int],
+) -> None:
+    """A Hugging Face model directory, written atomically: config.json, generation_config.json,
+    the weights, and a MarianTokenizer (the SentencePiece models and vocab.json, id order[i]
+    of ours numbered i): pieces, then </s>, which is how our models read a source."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
@@ -146,7 +142,7 @@ def export_marian(checkpoint: Path, out_dir: Path) -> dict:
         (staging / "generation_config.json").write_text(
             json.dumps(generation_config(hf_config), indent=2) + "\n"
         )
-        save_file(marian_weights(model), str(staging / "model.safetensors"), {"format": "pt"})
+        save_file(weights, str(staging / "model.safetensors"), {"format": "pt"})
         vocab = {pieces[ours]: m for m, ours in enumerate(order)}
         (staging / VOCAB_JSON).write_text(json.dumps(vocab, ensure_ascii=False, indent=1) + "\n")
         source, target = tokenizer.files["source"], tokenizer.files["target"]
@@ -171,6 +167,31 @@ def export_marian(checkpoint: Path, out_dir: Path) -> dict:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def checked_pieces(tokenizer: Tokenizer | VocabTokenizer, config: ModelConfig) -> list[str]:
+    """Every id's piece, refused unless vocab.json can hold them and MarianTokenizer finds the
+    special tokens by their pieces."""
+    pieces = pieces_of(tokenizer, config.vocab_size)
+    if len(set(pieces)) != len(pieces):
+        raise InteropError("the tokenizer gives two ids the same piece: no vocab.json")
+    for piece, i in (("</s>", config.eos_id), ("<pad>", config.pad_id), ("<unk>", config.unk_id)):
+        if pieces[i] != piece:
+            raise InteropError(f"id {i} is the piece {pieces[i]!r}; Hugging Face needs {piece!r}")
+    return pieces
+
+
+def export_marian(checkpoint: Path, out_dir: Path) -> dict:
+    """Our model directory -> a Hugging Face Marian directory (written atomically)."""
+    model, tokenizer = load_model_dir(checkpoint)
+    config = model.config
+    other = {k: getattr(config, k) for k, v in MARIAN_SHAPE.items() if getattr(config, k) != v}
+    if other:
+        raise InteropError(f"{checkpoint} is not Marian-shaped ({other}): no Marian export")
+    order = marian_order(config)
+    pieces = checked_pieces(tokenizer, config)
+    hf_config = marian_config(config)
+    write_hf_directory(out_dir, hf_config, marian_weights(model), tokenizer, config, pieces, order)
     pad_norm = float(model.embed_tokens.weight[config.pad_id].detach().norm())
     if pad_norm > 0:
         # Marian (and CTranslate2's Marian converter) start the decoder from a zero vector;
