@@ -395,15 +395,14 @@ def _cmd_export_hf(args: argparse.Namespace) -> int:
     from export.checkpoint import CONFIG_FILE
     from export.hf import InteropError
     from export.m2m100 import export_m2m100
-    from export.marian import MARIAN_SHAPE, export_marian
+    from export.marian import export_marian, is_marian_shaped
     from export.model.config import ModelConfig
 
     try:
         config = ModelConfig.from_json(args.checkpoint / CONFIG_FILE)
-        marian = all(getattr(config, key) == value for key, value in MARIAN_SHAPE.items())
         # Marian's shape is our default; a model in M2M-100's layout (pre-norm) goes there,
         # and export_m2m100 says what keeps any other one out.
-        export = export_marian if marian else export_m2m100
+        export = export_marian if is_marian_shaped(config) else export_m2m100
         print(json.dumps(export(args.checkpoint, args.out)))
     except (InteropError, OSError, ValueError) as error:
         print(f"nmt {args.command}: {error}", file=sys.stderr)

@@ -189,7 +189,7 @@ def decode_ctranslate2(compare: Path, beam: int, batch: int, seconds: float, rea
     import sentencepiece
 
     lines = test_sentences()
-    pieces = sentencepiece.SentencePieceProcessor(model_file=str(compare / "marian/source.spm"))
+    pieces = sentencepiece.SentencePieceProcessor(model_file=str(compare / "hf/source.spm"))
     sources = [[*pieces.encode(line, out_type=str), "</s>"] for line in lines]
     translator = ctranslate2.Translator(
         str(compare / "ct2"), device="cpu", compute_type="int8", intra_threads=1

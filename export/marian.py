@@ -42,6 +42,11 @@ MARIAN_SHAPE = {
 # ----------------------------------------------------------------------------- export
 
 
+def is_marian_shaped(config: ModelConfig) -> bool:
+    """Whether a Marian directory can hold the model (else, export/m2m100.py may)."""
+    return all(getattr(config, key) == value for key, value in MARIAN_SHAPE.items())
+
+
 def marian_order(config: ModelConfig) -> list[int]:
     """Our ids in Marian's order: order[marian_id] = our_id. <pad> moves to the end (opus-mt's
     layout, which CTranslate2's converter relies on); the others keep their relative order."""
@@ -185,8 +190,8 @@ def export_marian(checkpoint: Path, out_dir: Path) -> dict:
     """Our model directory -> a Hugging Face Marian directory (written atomically)."""
     model, tokenizer = load_model_dir(checkpoint)
     config = model.config
-    other = {k: getattr(config, k) for k, v in MARIAN_SHAPE.items() if getattr(config, k) != v}
-    if other:
+    if not is_marian_shaped(config):
+        other = {k: getattr(config, k) for k, v in MARIAN_SHAPE.items() if getattr(config, k) != v}
         raise InteropError(f"{checkpoint} is not Marian-shaped ({other}): no Marian export")
     order = marian_order(config)
     pieces = checked_pieces(tokenizer, config)

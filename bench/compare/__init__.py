@@ -3,15 +3,16 @@
     python -m bench.compare --checkpoint models/fr-en      (from the repository root)
 
 One run prepares the three forms of one checkpoint (our ONNX bundle, fp32 + int8; the Hugging
-Face Marian directory from `nmt export-marian`; its CTranslate2 conversion by the stock
-`ct2-transformers-converter`), then times every engine on the same pre-tokenized sentences.
-A checkpoint no Hugging Face class holds (a pre-norm student) has no Marian directory, so no
-transformers engine; its CTranslate2 model is converted straight from its weights
-(`ct2_convert`, tested token for token against the torch reference).
+Face directory from `nmt export-hf`; a CTranslate2 model), then times every engine on the same
+pre-tokenized sentences. A Marian-shaped checkpoint becomes a Marian directory, converted by
+the stock `ct2-transformers-converter`. A pre-norm student is converted to CTranslate2 straight
+from its weights (`ct2_convert`, tested token for token against the torch reference), and has
+a Hugging Face directory (M2M-100's), so a transformers engine, only when trained in M2M-100's
+layout.
 
 * ours: fp32 and int8, with and without the KV cache (ONNX Runtime);
 * CTranslate2: compute_type float32 and int8;
-* transformers: `MarianMTModel.generate` (torch, fp32).
+* transformers: `generate` of MarianMTModel or M2M100ForConditionalGeneration (torch, fp32).
 
 Each engine runs in its own subprocess, one after the other, so that its peak memory (the
 process's resident-set high-water mark, `VmHWM`: interpreter, libraries, weights and

@@ -13,7 +13,7 @@ from bench.compare.plot import svg_chart
 from bench.compare.prepare import before_jobs, by_length, id_maps, load_sources, pad_norm, prepare
 from bench.compare.profiling import profile_markdown
 from bench.compare.report import label, speed_markdown, speed_rows, versions
-from bench.compare.runners import ENGINES, REFERENCE, SEARCHES, needs_marian
+from bench.compare.runners import ENGINES, REFERENCE, SEARCHES, needs_hf
 from bench.compare.worker import make_job, run_turns, run_worker, spawn, spawn_interleaved
 from bench.report import BENCHMARKS, machine, replace_section
 
@@ -114,8 +114,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     data = args.data or _default_data()
     work = args.work_dir
     paths = prepare(args.checkpoint, work)
-    if "marian" not in paths and (unheld := [n for n in names if needs_marian(n)]):
-        raise SystemExit(f"{args.checkpoint} is not Marian-shaped: no {', '.join(unheld)}")
+    if "hf" not in paths and (unheld := [n for n in names if needs_hf(n)]):
+        raise SystemExit(
+            f"{args.checkpoint} has no Hugging Face form (Marian's or M2M-100's layout): "
+            f"no {', '.join(unheld)}"
+        )
     maps = id_maps(args.checkpoint)
     _, sources = load_sources(paths["bundle"], data, args.sentences)
     _, sources, limits = by_length(sources, maps["max_positions"])

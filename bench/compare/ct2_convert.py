@@ -1,8 +1,8 @@
 """Our checkpoint as a CTranslate2 model, straight from its weights: for the shapes no Hugging
-Face class holds (a pre-norm student with Marian's positions, issue 38), so that bench.compare
+Face converter of CTranslate2's reads (a pre-norm student, issue 38), so that bench.compare
 can still time CTranslate2 on the same weights.
 
-A Marian-shaped checkpoint (the committed one) goes through `nmt export-marian` and the stock
+A Marian-shaped checkpoint (the committed one) goes through `nmt export-hf` and the stock
 `ct2-transformers-converter` instead (bench/compare/prepare.py); tests/bench/test_compare.py
 checks that both conversions of it translate alike. This one subclasses CTranslate2's own
 extension point (`ctranslate2.converters.Converter`: `_load` returns the model's spec) and

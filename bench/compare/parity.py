@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.compare.prepare import by_length, id_maps, load_sources, prepare
-from bench.compare.runners import REFERENCE, needs_marian
+from bench.compare.runners import REFERENCE, needs_hf
 from bench.compare.worker import make_job, spawn
 
 PARITY_ENGINES = ("ours fp32", "transformers fp32", "ctranslate2 fp32")
@@ -51,8 +51,8 @@ def run_parity(
     runs = [{"beam": 4, "batch": 32, "repeat": 1, "exact_limits": True}]
     results = {}
     for name in PARITY_ENGINES:
-        if needs_marian(name) and "marian" not in paths:
-            continue  # (not Marian-shaped: no transformers class holds it)
+        if needs_hf(name) and "hf" not in paths:
+            continue  # (no Hugging Face form: no transformers class holds it)
         result = spawn(make_job(name, paths, threads, maps, sources, limits, runs), work)
         outputs = result["runs"][0]["outputs"]
         restored: list[list[int]] = [[] for _ in outputs]

@@ -12,23 +12,27 @@ from nmt_contract import BUNDLE_FORMAT, SHORTLIST_FILE, Shortlist, length_limit,
 
 MAX_LENGTH = 256  # the engine's default cap on output tokens
 EXPORT = Path(__file__).resolve().parents[2] / "export"
-EXPORTERS = ("onnx_export.py", "fused_step.py", "marian.py", "shortlist.py")
+EXPORTERS = ("onnx_export.py", "fused_step.py", "marian.py", "m2m100.py", "shortlist.py")
 CT2_CONVERT = Path(__file__).with_name("ct2_convert.py")
 
 
 def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
-    """Bundle, Marian directory and CTranslate2 model of one checkpoint (kept while it does
-    not change: a stamp records the checksums of the weights they came from and of the
-    exporters' code, and the bundle format). A checkpoint that is not Marian-shaped (a
-    pre-norm student) has no Marian directory, so no transformers engine: its CTranslate2
-    model is converted straight from its weights (bench/compare/ct2_convert.py)."""
+    """Bundle, Hugging Face directory and CTranslate2 model of one checkpoint (kept while it
+    does not change: a stamp records the checksums of the weights they came from and of the
+    exporters' code, and the bundle format). A Marian-shaped checkpoint becomes a Marian
+    directory, which the stock `ct2-transformers-converter` converts. Any other (a pre-norm
+    student) is converted to CTranslate2 straight from its weights
+    (bench/compare/ct2_convert.py), and has a Hugging Face directory, so a transformers engine,
+    only in M2M-100's layout (export/m2m100.py)."""
     from export.hf.common import InteropError
-    from export.marian import export_marian
+    from export.m2m100 import export_m2m100
+    from export.marian import export_marian, is_marian_shaped
+    from export.model.config import ModelConfig
     from export.onnx_export import export_bundle
     from export.shortlist import write_ctranslate2_vmap
 
     work.mkdir(parents=True, exist_ok=True)
-    paths = {"bundle": work / "bundle", "marian": work / "marian", "ct2": work / "ct2"}
+    paths = {"bundle": work / "bundle", "hf": work / "hf", "ct2": work / "ct2"}
     stamp = work / "stamp.json"
     shortlist = checkpoint / SHORTLIST_FILE
     weights = {
@@ -44,32 +48,34 @@ def prepare(checkpoint: Path, work: Path) -> dict[str, Path]:
     }
     old = json.loads(stamp.read_text()) if stamp.is_file() else {}
     made = old.pop("made", [])
-    if old == weights and made and all(paths[name].exists() for name in made):
+    if old == weights and made and all(name in paths and paths[name].exists() for name in made):
         return {name: paths[name] for name in made}
     stamp.unlink(missing_ok=True)
-    shutil.rmtree(paths["marian"], ignore_errors=True)
-    print(f"preparing {work}: ONNX bundle, Marian directory, CTranslate2 model", flush=True)
+    shutil.rmtree(paths["hf"], ignore_errors=True)
+    print(f"preparing {work}: ONNX bundle, Hugging Face directory, CTranslate2 model", flush=True)
     export_bundle(checkpoint, paths["bundle"], int8=True)
     vmap = None
     if shortlist.is_file():  # the same shortlist as CTranslate2's vocabulary map (use_vmap)
         vmap = work / "vmap.txt"
         write_ctranslate2_vmap(Shortlist.load(shortlist), pieces_by_our_id(checkpoint), vmap)
-    try:
-        export_marian(checkpoint, paths["marian"])
-    except InteropError as error:
-        print(f"{error}: CTranslate2 converted from our weights, no transformers", flush=True)
-        from bench.compare.ct2_convert import convert
-
-        convert(checkpoint, paths["ct2"], vmap)
-        del paths["marian"]
-    else:
+    if is_marian_shaped(ModelConfig.from_json(checkpoint / "config.json")):
+        export_marian(checkpoint, paths["hf"])
         converter = Path(sys.executable).with_name("ct2-transformers-converter")
-        command = [converter, "--model", paths["marian"], "--output_dir", paths["ct2"], "--force"]
+        command = [converter, "--model", paths["hf"], "--output_dir", paths["ct2"], "--force"]
         if vmap is not None:
             command += ["--vocab_mapping", vmap]
         converted = subprocess.run(command, capture_output=True, text=True)
         if converted.returncode:
             raise SystemExit(f"ct2-transformers-converter failed:\n{converted.stderr[-2000:]}")
+    else:
+        from bench.compare.ct2_convert import convert
+
+        convert(checkpoint, paths["ct2"], vmap)
+        try:
+            export_m2m100(checkpoint, paths["hf"])
+        except InteropError as error:
+            print(f"{error}: no transformers engine", flush=True)
+            del paths["hf"]
     stamp.write_text(json.dumps(weights | {"made": sorted(paths)}) + "\n")
     return paths
 
@@ -106,13 +112,15 @@ def by_length(
 
 
 def id_maps(checkpoint: Path) -> dict:
-    """Our ids -> the exported Marian directory's ids (<pad> moves to the end)."""
-    from export.marian import our_ids_to_marian
+    """Our ids -> the Hugging Face directory's ids (a Marian directory moves <pad> to the end;
+    an M2M-100 one keeps our ids), and our pieces."""
+    from export.marian import is_marian_shaped, our_ids_to_marian
     from export.model.config import ModelConfig
 
     config = ModelConfig.from_json(checkpoint / "config.json")
+    marian = is_marian_shaped(config)
     return {
-        "to_marian": our_ids_to_marian(config),
+        "to_hf": our_ids_to_marian(config) if marian else list(range(config.vocab_size)),
         "pieces": pieces_by_our_id(checkpoint),
         "max_positions": config.max_positions,
     }

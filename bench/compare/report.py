@@ -114,8 +114,10 @@ def speed_markdown(rows: list[dict], setup: dict, command: str, svg_name: str) -
         f"{setup['repeat']} runs, {setup['cpu']}; {versions}. The engines take turns: each is "
         "loaded in its own process, and they run one timed pass each, round after round, so "
         "that the machine's drifts fall on all of them alike. Same weights: the checkpoint "
-        f"`{setup['checkpoint']}` as our ONNX bundle, as a Hugging Face Marian directory "
-        "(`nmt export-marian`) and as its CTranslate2 conversion (`ct2-transformers-converter`). "
+        f"`{setup['checkpoint']}` as our ONNX bundle, as a Hugging Face directory "
+        "(`nmt export-hf`: Marian's, or M2M-100's for a pre-norm model) and as a CTranslate2 "
+        "model (`ct2-transformers-converter` of the Marian directory, else "
+        "`bench/compare/ct2_convert.py`). "
         "Sentences are sorted by length and cut into the same batches for every engine. "
         "Tokens/s = output tokens (</s> included) / decoding time (encoder included, "
         "tokenization not); in brackets, the ratio to ours fp32 with the KV cache.",

@@ -31,9 +31,9 @@ ENGINES = {
 REFERENCE = "ours fp32"
 
 
-def needs_marian(name: str) -> bool:
-    """Whether the engine reads the checkpoint's Marian directory (only Marian-shaped ones
-    have one: bench/compare/prepare.py)."""
+def needs_hf(name: str) -> bool:
+    """Whether the engine reads the checkpoint's Hugging Face directory (Marian-shaped ones and
+    those in M2M-100's layout have one: bench/compare/prepare.py)."""
     return ENGINES[name]["engine"] == "transformers"
 
 
@@ -106,13 +106,14 @@ class CTranslate2Runner:
 class TransformersRunner:
     def __init__(self, job: dict) -> None:
         import torch
-        from transformers import MarianMTModel
+        from transformers import AutoModelForSeq2SeqLM
 
         torch.set_num_threads(job["threads"])
         self.torch = torch
-        self.model = MarianMTModel.from_pretrained(job["paths"]["marian"]).eval()
-        self.to_marian = torch.tensor(job["maps"]["to_marian"])
-        self.from_marian = torch.argsort(self.to_marian)
+        # MarianMTModel, or M2M100ForConditionalGeneration (export/m2m100.py)
+        self.model = AutoModelForSeq2SeqLM.from_pretrained(job["paths"]["hf"]).eval()
+        self.to_hf = torch.tensor(job["maps"]["to_hf"])
+        self.from_hf = torch.argsort(self.to_hf)
         self.pad = self.model.config.pad_token_id
         self.eos = self.model.config.eos_token_id
 
@@ -121,7 +122,7 @@ class TransformersRunner:
         width = max(len(s) for s in sources)
         ids = torch.full((len(sources), width), self.pad, dtype=torch.long)
         for row, source in enumerate(sources):
-            ids[row, : len(source)] = self.to_marian[torch.tensor(source)]
+            ids[row, : len(source)] = self.to_hf[torch.tensor(source)]
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids,
@@ -136,7 +137,7 @@ class TransformersRunner:
         found = []
         for row in out[:, 1:].tolist():  # drop the decoder start token
             tokens = row[: row.index(self.eos)] if self.eos in row else row
-            found.append([int(self.from_marian[t]) for t in tokens if t != self.pad])
+            found.append([int(self.from_hf[t]) for t in tokens if t != self.pad])
         return found
 
 

@@ -28,6 +28,15 @@ SHAPES = {
     "pre-norm 4 + 1": {"encoder_layers": 4, "decoder_layers": 1, "pre_norm": True},
     # the committed model's family (Marian's shape), for which the stock converter also works
     "post-norm 2 + 2": {"encoder_layers": 2, "decoder_layers": 2, "pre_norm": False},
+    # a student trained in M2M-100's layout (nmt train --positions sinusoidal_offset
+    # --decoder-start eos): no output bias, positions from the row after <pad>, starts at </s>
+    "M2M-100 layout 4 + 1": {
+        "encoder_layers": 4,
+        "decoder_layers": 1,
+        "pre_norm": True,
+        "positions": "sinusoidal_offset",
+        "decoder_start_id": 1,
+    },
 }
 
 
@@ -49,8 +58,9 @@ def random_checkpoint(folder: Path, tokenizer: Path, shape: dict) -> Path:
     model = Transformer(config).eval()
     with torch.no_grad():  # spread the logits out, so that no two words nearly tie
         model.embed_tokens.weight.mul_(4.0)
-        model.final_logits_bias.copy_(torch.randn(vocab))
-        model.final_logits_bias[config.eos_id] = 3.0
+        if config.positions != "sinusoidal_offset":  # (M2M-100 has no output bias)
+            model.final_logits_bias.copy_(torch.randn(vocab))
+            model.final_logits_bias[config.eos_id] = 3.0
         for norm in (model.stack_norm("encoder"), model.stack_norm("decoder")):
             if norm is not None:  # not the identity a fresh LayerNorm is
                 norm.weight.uniform_(0.5, 1.5)
@@ -115,3 +125,26 @@ def test_bench_compare_prepares_and_checks_a_pre_norm_checkpoint_without_transfo
     result = run_parity(checkpoint, data, tmp_path / "work", threads=1)
     assert set(result["engines"]) == {"ctranslate2 fp32"}  # (each against ours fp32)
     assert result["engines"]["ctranslate2 fp32"]["equal"] == len(lines)
+
+
+def test_bench_compare_runs_transformers_on_a_checkpoint_in_m2m100_layout(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """A student trained in M2M-100's layout has a Hugging Face directory (export/m2m100.py):
+    transformers joins the parity check, and every engine gives ours' beam-4 translations."""
+    from bench.compare.parity import run_parity
+    from bench.compare.prepare import prepare
+
+    checkpoint = random_checkpoint(
+        tmp_path / "model", tiny_checkpoint / "sentencepiece.model", SHAPES["M2M-100 layout 4 + 1"]
+    )
+    rng = random.Random(4)
+    lines = [" ".join(rng.choices(REVERSE_WORDS, k=rng.randint(2, 9))) for _ in range(8)]
+    data = tmp_path / "test.src"
+    data.write_text("\n".join(lines) + "\n")
+    paths = prepare(checkpoint, tmp_path / "work")
+    assert set(paths) == {"bundle", "hf", "ct2"}
+    result = run_parity(checkpoint, data, tmp_path / "work", threads=1)
+    assert set(result["engines"]) == {"ctranslate2 fp32", "transformers fp32"}
+    for name, report in result["engines"].items():
+        assert report["equal"] == len(lines), (name, report["differences"])
