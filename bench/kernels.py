@@ -183,7 +183,7 @@ def decode(bundle: Path, beam: int, batch: int, seconds: float, ready: Path) -> 
 
 def decode_ctranslate2(compare: Path, beam: int, batch: int, seconds: float, ready: Path) -> None:
     """The same for CTranslate2 int8 on the same weights: `python -m bench.compare`'s
-    conversion (compare/ct2) and SentencePiece model (compare/marian), its default patience
+    conversion (compare/ct2) and SentencePiece model (compare/hf), its default patience
     there (2: it searches as far as ours)."""
     import ctranslate2
     import sentencepiece
