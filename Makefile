@@ -66,13 +66,17 @@ bench: $(VENV)/.dev-installed
 	$(BIN)/python -m bench.compare $(BENCH_ARGS)
 
 ## Sequence-level distillation: the committed model's beam-4 translations of Multi30k's training
-## sources, a student's training targets (docs/quality.md), with the real val set to validate
+## sources, a student's training targets (docs/training.md), with the real val set to validate
 ## on. Written outside the repository, like the data: nmt train --data-dir $(DISTILLED).
+## TEACHERS="models/fr-en build/teachers/A ...": those models (sharing one tokenizer) decode as
+## an ensemble in torch instead (the mean of their probabilities; slower than the bundle).
 MULTI30K ?= ../shared/data/multi30k
 DISTILLED ?= ../distilled/fr-en
-distill: $(BUNDLE)/bundle.json
+TEACHERS ?=
+TEACHER_COMMAND = $(if $(strip $(TEACHERS)),--checkpoint $(TEACHERS) --device cpu,--model-dir $(BUNDLE))
+distill: $(if $(strip $(TEACHERS)),$(VENV)/.dev-installed,$(BUNDLE)/bundle.json)
 	mkdir -p $(DISTILLED)
-	$(BIN)/nmt translate --model-dir $(BUNDLE) --beam-size 4 --batch-size 64 \
+	$(BIN)/nmt translate $(TEACHER_COMMAND) --beam-size 4 --batch-size 64 \
 		< $(MULTI30K)/train.fr > $(DISTILLED)/train.en.partial
 	mv $(DISTILLED)/train.en.partial $(DISTILLED)/train.en
 	cp $(MULTI30K)/train.fr $(MULTI30K)/val.fr $(MULTI30K)/val.en $(DISTILLED)/
