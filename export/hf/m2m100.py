@@ -8,6 +8,9 @@ One network, two tokenizers. The network is our model with
   no final_logits_bias; decoding starts from </s> (decoder_start_token_id 2).
 
 The tokenizer says which model it is:
+* `MarianTokenizer`: a bilingual model in M2M-100's layout, as `nmt export-hf` writes one of
+  ours (export/m2m100.py): `source.spm`, `target.spm` and `vocab.json`, no language tokens;
+  sources are [pieces..., </s>]. Imported as Marian's tokenizer is (export/hf/marian.py).
 * `M2M100Tokenizer` (M2M-100): `sentencepiece.bpe.model` cuts, `vocab.json` numbers the pieces,
   and the language tokens `__fr__` follow the vocabulary in M2M-100's order (or WMT21's,
   `language_codes`). Sources are [__src__, pieces..., </s>].
@@ -23,7 +26,20 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from export.hf.common import InteropError, read_json, read_optional_json
+from export.hf.common import (
+    InteropError,
+    check_special_pieces,
+    check_vocab_fits,
+    decoding_ids,
+    read_hf_weights,
+    read_json,
+    read_optional_json,
+    refuse,
+    save_imported,
+    shape_options,
+    shape_problems,
+    weights_from_hf,
+)
 from export.hf.languages import M2M100_CODES, NLLB_CODES, WMT21_CODES
 from export.hf.multilingual import (
     check_tokenizer_json,
@@ -33,22 +49,26 @@ from export.hf.multilingual import (
     languages_of,
 )
 from export.model.config import ModelConfig
+from export.tokenizer import SOURCE_SPM, TARGET_SPM, VOCAB_JSON, VocabTokenizer
 
 SPM_FILE = "sentencepiece.bpe.model"
 OPTIONS = {"pre_norm": True, "final_layer_norm": True, "positions": "sinusoidal_offset"}
 
 
 def tokenizer_family(hf_dir: Path) -> str:
-    """The tokenizer, "m2m100" or "nllb": tokenizer_config.json's class, else the files."""
+    """The tokenizer, "m2m100", "nllb" or "bilingual" (MarianTokenizer): tokenizer_config.json's
+    class, else the files."""
     tokenizer_class = read_optional_json(hf_dir / "tokenizer_config.json").get("tokenizer_class")
     if tokenizer_class:
+        if tokenizer_class.startswith("MarianTokenizer"):
+            return "bilingual"
         if tokenizer_class.startswith("M2M100Tokenizer"):
             return "m2m100"
         if tokenizer_class.startswith("NllbTokenizer"):
             return "nllb"
         raise InteropError(
             f"tokenizer_class {tokenizer_class!r}: an M2M100ForConditionalGeneration model is "
-            "imported with M2M100Tokenizer or NllbTokenizer"
+            "imported with M2M100Tokenizer, NllbTokenizer or MarianTokenizer"
         )
     return "m2m100" if (hf_dir / "vocab.json").is_file() else "nllb"
 
@@ -63,6 +83,8 @@ def import_m2m100(
     hf = read_json(hf_dir / "config.json")
     if hf.get("model_type") != "m2m_100":
         raise InteropError(f"model_type is {hf.get('model_type')!r}, not 'm2m_100'")
+    if tokenizer_family(hf_dir) == "bilingual":
+        return import_bilingual(hf_dir, out_dir, hf, source_lang, target_lang, description)
     spm_path = hf_dir / SPM_FILE
     if not spm_path.is_file():
         raise InteropError(f"{hf_dir} lacks the tokenizer's {SPM_FILE}")
@@ -93,3 +115,48 @@ def import_m2m100(
     return import_multilingual(
         hf_dir, out_dir, hf, spm_path, vocab, languages, OPTIONS, family, pair, description
     )
+
+
+def import_bilingual(
+    hf_dir: Path,
+    out_dir: Path,
+    hf: dict,
+    source_lang: str | None,
+    target_lang: str | None,
+    description: str | None,
+) -> ModelConfig:
+    """A bilingual model in M2M-100's layout with Marian's tokenizer files (what `nmt
+    export-hf` writes for a student trained in that layout)."""
+    from export.hf.marian import marian_languages
+
+    missing = [
+        name for name in (SOURCE_SPM, TARGET_SPM, VOCAB_JSON) if not (hf_dir / name).is_file()
+    ]
+    if missing:
+        raise InteropError(f"{hf_dir} lacks MarianTokenizer's files {missing}")
+    problems = shape_problems(hf)
+    if hf.get("tie_word_embeddings", True) is False:
+        problems.append("tie_word_embeddings=False (an output projection of its own)")
+    refuse(problems, "M2M-100")
+    vocab = read_json(hf_dir / VOCAB_JSON)
+    ids = decoding_ids(hf, read_optional_json(hf_dir / "generation_config.json"))
+    unk_id = check_special_pieces(vocab, ids)
+    check_vocab_fits(vocab, hf["vocab_size"])
+    languages = marian_languages(hf_dir, source_lang, target_lang)
+    config = ModelConfig(
+        vocab_size=hf["vocab_size"],
+        **shape_options(hf),
+        **ids,
+        unk_id=unk_id,
+        source_lang=languages[0],
+        target_lang=languages[1],
+        **OPTIONS,
+    )
+    weights = weights_from_hf(read_hf_weights(hf_dir), config)
+    files = {name: hf_dir / name for name in (SOURCE_SPM, TARGET_SPM, VOCAB_JSON)}
+    VocabTokenizer(*files.values())  # (refuse files the tokenizer cannot read, now)
+    if description is None:
+        name = hf_dir.resolve().name
+        description = f"{name}: a Hugging Face M2M-100 model ({languages[0]}→{languages[1]})."
+    save_imported(config, weights, dict(files), out_dir, description)
+    return config

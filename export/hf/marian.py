@@ -76,7 +76,9 @@ def unsupported_settings(hf: dict, separate_vocabs: bool) -> list[str]:
     return problems + shape_problems(hf)
 
 
-def _languages(hf_dir: Path, source_lang: str | None, target_lang: str | None) -> tuple[str, str]:
+def marian_languages(
+    hf_dir: Path, source_lang: str | None, target_lang: str | None
+) -> tuple[str, str]:
     """From the arguments, else tokenizer_config.json, else a name like `opus-mt-fr-en`."""
     found = read_optional_json(hf_dir / "tokenizer_config.json")
     source_lang = source_lang or found.get("source_lang")
@@ -174,7 +176,7 @@ def import_marian(
     vocab = read_json(hf_dir / VOCAB_JSON)
     separate = (hf_dir / TARGET_VOCAB_JSON).is_file()
     target_vocab = read_json(hf_dir / TARGET_VOCAB_JSON) if separate else None
-    languages = _languages(hf_dir, source_lang, target_lang)
+    languages = marian_languages(hf_dir, source_lang, target_lang)
     generation = read_optional_json(hf_dir / "generation_config.json")
     hf = read_json(hf_dir / "config.json")
     config = config_from_marian(hf, vocab, languages, generation, target_vocab)

@@ -113,3 +113,21 @@ def test_a_model_in_neither_layout_is_refused_saying_why(
     assert "not in M2M-100's layout" in error
     assert "positions='sinusoidal'" in error and "</s>" in error
     assert not (tmp_path / "hf").exists()
+
+
+def test_importing_the_export_gives_back_the_same_model(
+    m2m100_layout_model: Path, exported: Path, reverse_corpus: Path, tmp_path: Path
+) -> None:
+    assert main(["import-hf", "--hf-dir", str(exported), "--out", str(tmp_path / "back")]) == 0
+    ours, tokenizer = load_model_dir(m2m100_layout_model)
+    back, back_tokenizer = load_model_dir(tmp_path / "back")
+    assert back.config == ours.config
+    texts = (reverse_corpus / "val.src").read_text().splitlines()[:6]
+    sources = [tokenizer.encode(t) for t in texts]
+    assert [back_tokenizer.encode(t) for t in texts] == sources
+    width = max(map(len, sources))
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in sources])
+    target = torch.full((len(sources), 5), 7)
+    target[:, 0] = ours.config.decoder_start_id
+    with torch.no_grad():
+        assert torch.equal(back(ids, ids != 0, target), ours(ids, ids != 0, target))
