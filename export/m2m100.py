@@ -19,7 +19,7 @@ import torch
 
 from export.checkpoint import load_model_dir
 from export.hf.common import InteropError, hf_layer_name
-from export.marian import checked_pieces, write_hf_directory
+from export.marian import checked_pieces, network_config, write_hf_directory
 from export.model.config import ModelConfig
 from export.model.transformer import Transformer
 
@@ -55,20 +55,7 @@ def m2m100_config(config: ModelConfig) -> dict:
     return {
         "architectures": ["M2M100ForConditionalGeneration"],
         "model_type": "m2m_100",
-        "vocab_size": config.vocab_size,
-        "d_model": config.d_model,
-        "encoder_layers": config.encoder_layers,
-        "decoder_layers": config.decoder_layers,
-        "encoder_attention_heads": config.n_heads,
-        "decoder_attention_heads": config.n_heads,
-        "encoder_ffn_dim": config.ffn_dim,
-        "decoder_ffn_dim": config.ffn_dim,
-        "activation_function": config.activation,
-        "max_position_embeddings": config.max_positions,
-        "scale_embedding": config.scale_embedding,
-        "dropout": config.dropout,
-        "attention_dropout": config.attention_dropout,
-        "activation_dropout": config.activation_dropout,
+        **network_config(config),
         "pad_token_id": config.pad_id,
         "eos_token_id": config.eos_id,
         "bos_token_id": None,

@@ -64,14 +64,11 @@ def pieces_of(tokenizer: Tokenizer | VocabTokenizer, vocab_size: int) -> list[st
     ]
 
 
-def marian_config(config: ModelConfig) -> dict:
-    """config.json of the Marian model, in our ids renumbered by marian_order."""
-    to_marian = {ours: m for m, ours in enumerate(marian_order(config))}
+def network_config(config: ModelConfig) -> dict:
+    """The network's size and training-time settings, named alike by every BART-family
+    config.json (the inverse of export/hf/common.py's shape_options)."""
     return {
-        "architectures": ["MarianMTModel"],
-        "model_type": "marian",
         "vocab_size": config.vocab_size,
-        "decoder_vocab_size": config.vocab_size,
         "d_model": config.d_model,
         "encoder_layers": config.encoder_layers,
         "decoder_layers": config.decoder_layers,
@@ -85,6 +82,17 @@ def marian_config(config: ModelConfig) -> dict:
         "dropout": config.dropout,
         "attention_dropout": config.attention_dropout,
         "activation_dropout": config.activation_dropout,
+    }
+
+
+def marian_config(config: ModelConfig) -> dict:
+    """config.json of the Marian model, in our ids renumbered by marian_order."""
+    to_marian = {ours: m for m, ours in enumerate(marian_order(config))}
+    return {
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        "decoder_vocab_size": config.vocab_size,
+        **network_config(config),
         "pad_token_id": to_marian[config.pad_id],
         "eos_token_id": to_marian[config.eos_id],
         "decoder_start_token_id": to_marian[config.decoder_start_id],
