@@ -211,6 +211,31 @@ def check_vocab_fits(vocab: dict[str, int], size: int, name: str = "vocab.json")
         raise InteropError(f"{name} uses id {largest}, beyond the model's {size} words")
 
 
+def shared_vocab_config(
+    hf_dir: Path, hf: dict, vocab: dict[str, int], family: str, pair: tuple[str, str], options: dict
+) -> ModelConfig:
+    """The ModelConfig of a model in the M2M-100 layout (one vocabulary for both sides, tied
+    embeddings), after refusing what we cannot run: its shape, an untied output projection,
+    special pieces that disagree with config.json, ids beyond the model's words. `options` are
+    the family's own settings (pre_norm, positions, ...)."""
+    problems = shape_problems(hf)
+    if hf.get("tie_word_embeddings", True) is False:
+        problems.append("tie_word_embeddings=False (an output projection of its own)")
+    refuse(problems, family)
+    ids = decoding_ids(hf, read_optional_json(hf_dir / "generation_config.json"))
+    unk_id = check_special_pieces(vocab, ids)
+    check_vocab_fits(vocab, hf["vocab_size"])
+    return ModelConfig(
+        vocab_size=hf["vocab_size"],
+        **shape_options(hf),
+        **ids,
+        unk_id=unk_id,
+        source_lang=pair[0],
+        target_lang=pair[1],
+        **options,
+    )
+
+
 # ----------------------------------------------------------------------------- weights
 
 

@@ -28,16 +28,11 @@ import sentencepiece as spm
 
 from export.hf.common import (
     InteropError,
-    check_special_pieces,
-    check_vocab_fits,
-    decoding_ids,
     read_hf_weights,
     read_json,
     read_optional_json,
-    refuse,
     save_imported,
-    shape_options,
-    shape_problems,
+    shared_vocab_config,
     weights_from_hf,
 )
 from export.hf.languages import M2M100_CODES, NLLB_CODES, WMT21_CODES
@@ -134,24 +129,9 @@ def import_bilingual(
     ]
     if missing:
         raise InteropError(f"{hf_dir} lacks MarianTokenizer's files {missing}")
-    problems = shape_problems(hf)
-    if hf.get("tie_word_embeddings", True) is False:
-        problems.append("tie_word_embeddings=False (an output projection of its own)")
-    refuse(problems, "M2M-100")
     vocab = read_json(hf_dir / VOCAB_JSON)
-    ids = decoding_ids(hf, read_optional_json(hf_dir / "generation_config.json"))
-    unk_id = check_special_pieces(vocab, ids)
-    check_vocab_fits(vocab, hf["vocab_size"])
     languages = marian_languages(hf_dir, source_lang, target_lang)
-    config = ModelConfig(
-        vocab_size=hf["vocab_size"],
-        **shape_options(hf),
-        **ids,
-        unk_id=unk_id,
-        source_lang=languages[0],
-        target_lang=languages[1],
-        **OPTIONS,
-    )
+    config = shared_vocab_config(hf_dir, hf, vocab, "M2M-100", languages, OPTIONS)
     weights = weights_from_hf(read_hf_weights(hf_dir), config)
     files = {name: hf_dir / name for name in (SOURCE_SPM, TARGET_SPM, VOCAB_JSON)}
     VocabTokenizer(*files.values())  # (refuse files the tokenizer cannot read, now)

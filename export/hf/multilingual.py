@@ -24,16 +24,10 @@ import sentencepiece as spm
 
 from export.hf.common import (
     InteropError,
-    check_special_pieces,
-    check_vocab_fits,
-    decoding_ids,
     license_of,
     read_hf_weights,
-    read_optional_json,
-    refuse,
     save_imported,
-    shape_options,
-    shape_problems,
+    shared_vocab_config,
     weights_from_hf,
 )
 from export.hf.languages import our_codes
@@ -131,23 +125,7 @@ def import_multilingual(
 ) -> ModelConfig:
     """The common steps: config, weights, tokenizer files, description; `options` are the
     family's ModelConfig options (pre_norm, positions, ...)."""
-    problems = shape_problems(hf)
-    if hf.get("tie_word_embeddings", True) is False:
-        problems.append("tie_word_embeddings=False (an output projection of its own)")
-    refuse(problems, FAMILY_NAMES[family])
-    generation = read_optional_json(hf_dir / "generation_config.json")
-    ids = decoding_ids(hf, generation)
-    unk_id = check_special_pieces(vocab, ids)
-    check_vocab_fits(vocab, hf["vocab_size"])
-    config = ModelConfig(
-        vocab_size=hf["vocab_size"],
-        **shape_options(hf),
-        **ids,
-        unk_id=unk_id,
-        source_lang=pair[0],
-        target_lang=pair[1],
-        **options,
-    )
+    config = shared_vocab_config(hf_dir, hf, vocab, FAMILY_NAMES[family], pair, options)
     weights = weights_from_hf(read_hf_weights(hf_dir), config)
 
     def write_json(data: dict) -> Callable[[Path], None]:
