@@ -34,6 +34,9 @@ expect = playwright_api.expect
 SCREENSHOTS = ROOT / "reports" / "screenshots"
 MAX_CHARS = 300  # the server's NMT_MAX_CHARS_PER_TEXT here, to provoke a 422
 SENTENCE = "Un chien noir court dans la neige."
+# A sentence with words of both kinds: some near-certain, a few well below the doubtful
+# threshold (the committed model gives "elderly" about 0.6 against a threshold near 0.86).
+MIXED_CONFIDENCE = "Une dame âgée vend des légumes au marché."
 FILE_SENTENCES = [
     "Un homme lit un journal sur un banc.",
     "Deux enfants jouent au ballon dans le parc.",
@@ -159,9 +162,10 @@ def test_translating_shows_the_english_and_a_heatmap_of_the_returned_tokens(page
     # One line per hard-alignment link, and the Moses pairs as the API wrote them.
     assert page.locator("svg.links line").count() == len(alignment["word_alignment"])
     assert alignment["moses"] in page.locator(".moses").inner_text()
-    # The API says which layer the weights come from: the layer selector shows it; the heads
-    # were not asked for, so no head selector yet.
-    assert page.locator("#layer-box").is_visible() and page.locator("#head-box").is_hidden()
+    # The API says which layer the weights come from: the layer selector shows it; the head
+    # selector shows their mean (each head is asked for when one is picked).
+    assert page.locator("#layer-box").is_visible() and page.locator("#head-box").is_visible()
+    assert page.locator("#head").input_value() == "mean"
     assert page.locator("#layer").input_value() == str(alignment["layer"])
     screenshot(page, "page-translation.png")
 
@@ -259,7 +263,7 @@ def test_each_word_is_tinted_by_how_sure_the_model_was(page, fr_en_bundle: Path)
     confidence shows as a percentage by the score, with what it means."""
     assert (fr_en_bundle / "confidence.json").is_file()  # the served model is calibrated
     with page.expect_request("**/v1/translate") as request:
-        answer = translate(page, SENTENCE)
+        answer = translate(page, MIXED_CONFIDENCE)
     assert json.loads(request.value.post_data)["return_confidence"] is True
     translation = answer["translations"][0]
     confidence = translation["confidence"]
@@ -401,9 +405,10 @@ def test_greedy_sends_beam_size_1(page):
     assert page.locator("#nbest").is_disabled()
 
 
-def test_switching_layer_and_head_changes_the_weights_shown(page):
-    """Another layer is asked of the API (alignment_layer, alignment_heads "all"); the heatmap
-    then shows that layer's weights, and one head's when a head is picked."""
+def test_picking_a_head_asks_for_each_heads_weights_and_shows_that_heads(page, fr_en_bundle):
+    """The layer box lists the model's decoder layers; picking a head asks the API for every
+    head's weights of the shown layer (alignment_layer, alignment_heads "all"), and the heatmap
+    then shows that head's, or their mean again. (Another layer is asked for the same way.)"""
     requests: list[dict] = []
     page.on(
         "request",
@@ -413,25 +418,28 @@ def test_switching_layer_and_head_changes_the_weights_shown(page):
     )
     answer = translate(page, SENTENCE)
     last = answer["translations"][0]["alignment"][0]
+    assert "head_weights" not in last  # one request, the mean of the heads only
     assert page.locator("#layer-box").is_visible()
     assert page.locator("#layer").input_value() == str(last["layer"])
     assert page.locator("#layer option").count() == last["layer"] + 1  # the model's layers
+    expect(page.locator("#head-box")).to_be_visible()
+    heads = json.loads((fr_en_bundle / "bundle.json").read_text())["model"]["n_heads"]
+    assert page.locator("#head option").count() == 1 + heads  # their mean, and each head
     page.check("input[name=view][value=pieces]")
     assert cell_weights(page) == last["weights"]
 
     with page.expect_response("**/v1/translate") as response:
-        page.select_option("#layer", "0")
-    assert requests[-1]["alignment_layer"] == 0 and requests[-1]["alignment_heads"] == "all"
-    assert requests[-1]["text"] == SENTENCE
-    first = response.value.json()["translations"][0]["alignment"][0]
-    expect(page.locator("#layer")).to_have_value("0")
-    expect(page.locator("#head-box")).to_be_visible()
-    assert cell_weights(page) == first["weights"] != last["weights"]
-
-    page.select_option("#head", "1")
-    assert cell_weights(page) == first["head_weights"][1] != first["weights"]
+        page.select_option("#head", "1")
+    assert requests[-1]["alignment_layer"] == last["layer"]
+    assert requests[-1]["alignment_heads"] == "all" and requests[-1]["text"] == SENTENCE
+    each = response.value.json()["translations"][0]["alignment"][0]
+    expect(page.locator("#head")).to_have_value("1")
+    assert cell_weights(page) == each["head_weights"][1] != each["weights"]
     page.select_option("#head", "2")
-    assert cell_weights(page) == first["head_weights"][2]
+    assert cell_weights(page) == each["head_weights"][2]
+    page.select_option("#head", "mean")
+    assert cell_weights(page) == each["weights"] == last["weights"]
+    assert len(requests) == 2  # the heads were kept: no request for another head
     screenshot(page, "page-layers.png")
 
 
