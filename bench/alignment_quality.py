@@ -435,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "## Alignment quality",
         "",
-        f"`{COMMAND}` (model `{args.checkpoint}`, {layers} decoder layers "
+        f"`{COMMAND}` (model `{args.checkpoint}`, {layers} decoder "
+        f"layer{'s' if layers > 1 else ''} "
         f"numbered from 0 as `alignment_layer` would number them, {forced[0].weights.shape[1]} "
         f"heads). Gold standard: `{args.gold}`, {sentences} French sentences of our own in "
         f"{styles} styles with English translations, {sure} sure and {possible} further "

@@ -37,10 +37,10 @@ def test_two_checkpoints_get_a_row_each_in_every_table(
     )
     text = out.read_text()
     assert "<!-- models:start -->" in text
-    # The committed model: 3 + 3 layers, 7.6 M parameters (the README's figure).
-    committed = r"\| models/fr-en \| 3 \+ 3, d 256, vocab 8000, post-norm \| ([\d.]+) M"
+    # The committed model: 6 + 1 layers, 7.8 M parameters (the README's figure).
+    committed = r"\| models/fr-en \| 6 \+ 1, d 256, vocab 8000, pre-norm \| ([\d.]+) M"
     sizes = re.search(committed, text)
-    assert sizes is not None and sizes.group(1) == "7.58"
+    assert sizes is not None and sizes.group(1) == "7.84"
     assert re.search(r"\| student \| 3 \+ 3, d 64, vocab 400, post-norm \| 0\.\d+ M", text)
     speed = text.split("Speed:", 1)[1]
     rows = {line.split(" | ")[0][2:]: line for line in speed.splitlines() if line.startswith("| ")}

@@ -166,7 +166,7 @@ def test_formatted_word_lands_on_its_translation(translate_html: SegmentTranslat
     out = extracted.write(translate_html(extracted.segments, HtmlFormat)).decode()
     tree = lxml.html.fromstring(out)
     assert tree.get_element_by_id("dog").find("b").text == "black"
-    assert [i.text for i in tree.iter("i")] == ["walking"]
+    assert [i.text for i in tree.iter("i")] in (["walking"], ["is walking"])  # "marche"
 
 
 def test_identity_round_trip_is_byte_for_byte() -> None:
