@@ -554,7 +554,7 @@ def prepare(name: str, work: Path) -> dict:
             # what it adds to the bundle: its decoder step, the output projection, itself
             "bundle_bytes": _dir_bytes(
                 bundle_dir,
-                [f for f in files if "shortlist" in f] + ["output_projection.npy"],
+                [f for f in files if "shortlist" in f or f.startswith("output_projection")],
             ),
         },
         "hf_bytes": _dir_bytes(hf_dir, ["model.safetensors"]),

@@ -66,9 +66,12 @@ def step_session(
         width = inputs["output_projection"].shape[0]
         rng = np.random.default_rng(1)
         feeds["vocabulary"] = np.sort(rng.choice(8000, shape.candidates, replace=False))
-        feeds["output_projection"] = rng.standard_normal(
-            (width, shape.candidates), dtype=np.float32
-        )
+        projection = rng.standard_normal((width, shape.candidates), dtype=np.float32)
+        if "output_projection_scale" in inputs:  # the int8 step's: int8 columns, their scales
+            feeds["output_projection"] = rng.integers(-127, 128, projection.shape, np.int8)
+            feeds["output_projection_scale"] = np.full(shape.candidates, 0.01, np.float32)
+        else:
+            feeds["output_projection"] = projection
     outputs = [o.name for o in session.get_outputs() if o.name.startswith("present")]
     return session, {k: v for k, v in feeds.items() if k in inputs}, outputs
 

@@ -22,7 +22,8 @@ same weights:
 
 Inputs: target_ids [B, 1], source_mask [B/K, S], top_k, positions [B] (each row's cache
 length), forced_ids [B, F], past_* buffers and cross_* keys/values; with a shortlist also
-vocabulary [C] and output_projection [D, C]. Outputs: top_log_probs and top_ids [B, k],
+vocabulary [C] and output_projection [D, C] (int8, with output_projection_scale [C], in the
+int8 bundle's step). Outputs: top_log_probs and top_ids [B, k],
 forced_log_probs [B, F] (the log-probs of the words forced_ids names: what a constrained
 search scores), alignment [B, S], attention_i [B, H, S] and present_* (the same buffers).
 The model's family options (export/model/config.py) are the same nodes in another order:
@@ -243,13 +244,27 @@ def _forced(g: _Graph, log_probs: str) -> None:
     g.one("GatherElements", [log_probs, "forced_ids"], "forced_log_probs", axis=1)
 
 
-def _shortlisted_top_k(g: _Graph, model: Transformer, x: str) -> None:
+def _shortlisted_top_k(g: _Graph, model: Transformer, x: str, int8: bool) -> None:
     """The same over a vocabulary shortlist: only the C candidate words of the batch's
     sentences (input `vocabulary` [C], ascending ids) are scored, with their columns of the
     output projection (input `output_projection` [D, C], gathered by the engine once per
     batch, not per step). Log-probs are normalized over the candidates, as Marian's and
-    CTranslate2's shortlists do; top_ids are vocabulary ids again."""
-    logits = g.one("MatMul", [x, "output_projection"], "logits")  # [B, C]
+    CTranslate2's shortlists do; top_ids are vocabulary ids again.
+
+    `int8`: the columns come quantized, int8 [D, C] with a scale per column
+    (`output_projection_scale` [C], export/shortlist.py), and one DynamicQuantizeMatMul
+    multiplies them, as the int8 graphs' other matmuls do. A float input matrix costs
+    MLAS a packing of [D, C] floats per run: 4x the int8 product at 32 rows and 1,730
+    candidates (docs/performance.md)."""
+    if int8:
+        logits = g.one(
+            "DynamicQuantizeMatMul",
+            [x, "output_projection", "output_projection_scale"],
+            "logits",
+            domain=MS,
+        )  # [B, C]
+    else:
+        logits = g.one("MatMul", [x, "output_projection"], "logits")  # [B, C]
     if bool(model.final_logits_bias.any()):
         table = g.constant("final_logits_bias", model.final_logits_bias)
         bias = g.one("Gather", [table, "vocabulary"], "candidate_logits_bias")
@@ -261,9 +276,13 @@ def _shortlisted_top_k(g: _Graph, model: Transformer, x: str) -> None:
     _forced(g, log_probs)  # (forced_ids are positions among the candidates here)
 
 
-def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.ModelProto:
+def fused_decoder_step(
+    model: Transformer, shortlist: bool = False, int8_projection: bool = False
+) -> onnx.ModelProto:
     """The decoder step of `model` (see the module docstring) as an ONNX model. `shortlist`:
-    the step of a vocabulary shortlist (see _shortlisted_top_k), with two more inputs."""
+    the step of a vocabulary shortlist (see _shortlisted_top_k), with two more inputs;
+    `int8_projection`: its candidates' columns come quantized, with a third input (their
+    scales)."""
     config = model.config
     g = _Graph()
     dims = config.d_model
@@ -311,7 +330,7 @@ def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.Mode
 
     x = g.one("Reshape", [x, int64("shape_rows", [-1, dims])], "last_state")  # [B, D]
     if shortlist:
-        _shortlisted_top_k(g, model, x)
+        _shortlisted_top_k(g, model, x, int8_projection)
     else:
         _top_k(g, model, x)
     last = attention_output_names(config.decoder_layers)[-1]
@@ -319,12 +338,19 @@ def fused_decoder_step(model: Transformer, shortlist: bool = False) -> onnx.Mode
 
     inputs = _inputs(config)
     if shortlist:
+        projection_type = TensorProto.INT8 if int8_projection else TensorProto.FLOAT
         inputs += [
             helper.make_tensor_value_info("vocabulary", TensorProto.INT64, ["candidates"]),
             helper.make_tensor_value_info(
-                "output_projection", TensorProto.FLOAT, [dims, "candidates"]
+                "output_projection", projection_type, [dims, "candidates"]
             ),
         ]
+        if int8_projection:
+            inputs.append(
+                helper.make_tensor_value_info(
+                    "output_projection_scale", TensorProto.FLOAT, ["candidates"]
+                )
+            )
     outputs = _outputs(config)
     graph = helper.make_graph(g.nodes, "decoder_step", inputs, outputs, g.initializers)
     # MultiHeadAttention's qk output may be another float type than its inputs: say which,

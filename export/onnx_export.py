@@ -13,7 +13,9 @@ both sides agree on):
   (last layer's cross-attention weights, head mean) [rows, S], every layer's weights head by
   head `attention_0`, `attention_1`, ... [rows, H, S], and the present keys/values.
 * `decoder_shortlist.onnx` (when the model directory has a vocabulary shortlist): the same
-  step scoring only the batch's candidate words.
+  step scoring only the batch's candidate words, whose columns of the output projection
+  (`output_projection.npy`; int8 with a scale per column for the int8 step) the runtime
+  gathers.
 * `*.int8.onnx`: the same graphs with dynamically quantized (int8) MatMul weights.
 * the tokenizer files and `bundle.json` (dimensions, special ids, tokenizer files by role,
   checksums, export settings). `tokenizer` is {"source", "target"}: SentencePiece models,
@@ -53,6 +55,7 @@ from torch import nn
 from export.checkpoint import load_model_dir, read_description, read_languages
 from export.fused_step import fused_decoder_step
 from export.model.transformer import Transformer
+from export.shortlist import quantize_columns
 from nmt_contract import (
     BUNDLE_FORMAT,
     CONFIDENCE_FILE,
@@ -168,10 +171,14 @@ def _save_fused_step(step: onnx.ModelProto, path: Path) -> None:
     onnx.checker.check_model(str(path))  # no full check: ONNX has no schemas for contrib ops
 
 
-def _export_shortlist(model: Transformer, checkpoint: Path, out_dir: Path) -> dict | None:
+def _export_shortlist(
+    model: Transformer, checkpoint: Path, out_dir: Path, int8: bool
+) -> dict | None:
     """When the model directory has a shortlist (`nmt shortlist`): the shortlist itself, the
     output projection [D, V] the runtime gathers a batch's candidate columns from, and the
-    decoder step that scores only them. None without one."""
+    decoder step that scores only them; with `int8`, also the projection quantized a column
+    at a time (int8 [D, V] and scales [V]) and the int8 step that reads it. None without
+    one."""
     if not (checkpoint / SHORTLIST_FILE).is_file():
         return None
     vocab_size = model.config.vocab_size
@@ -187,14 +194,36 @@ def _export_shortlist(model: Transformer, checkpoint: Path, out_dir: Path) -> di
         )
     shutil.copyfile(checkpoint / SHORTLIST_FILE, out_dir / SHORTLIST_FILE)
     projection = model.output_projection().detach().T.contiguous().numpy()  # [D, V]
-    with open(out_dir / "output_projection.npy", "wb") as f:
-        np.save(f, projection)
-    _save_fused_step(fused_decoder_step(model, shortlist=True), out_dir / "decoder_shortlist.onnx")
-    return {
-        "file": SHORTLIST_FILE,
-        "projection": "output_projection.npy",
-        "graph": "decoder_shortlist.onnx",
-    }
+    entry = {"file": SHORTLIST_FILE, "projection": "output_projection.npy"}
+    _save_array(projection, out_dir / entry["projection"])
+    graph = "decoder_shortlist.onnx"
+    _save_fused_step(fused_decoder_step(model, shortlist=True), out_dir / graph)
+    if int8:
+        quantized, scale = quantize_columns(projection)
+        entry |= {
+            "projection_int8": "output_projection.int8.npy",
+            "projection_scale": "output_projection_scale.npy",
+        }
+        _save_array(quantized, out_dir / entry["projection_int8"])
+        _save_array(scale, out_dir / entry["projection_scale"])
+        # The int8 step is not the float one quantized: its output projection is an int8
+        # input. Its other matmuls' weights are quantized as every graph's are.
+        source = out_dir / "decoder_shortlist.int8-source.onnx"
+        _save_fused_step(fused_decoder_step(model, True, int8_projection=True), source)
+        quantize_graph(source, out_dir / graph.replace(".onnx", ".int8.onnx"))
+        for leftover in (source, source.with_name(source.name + ".data")):
+            leftover.unlink(missing_ok=True)
+    return entry | {"graph": graph}
+
+
+# A bundle's shortlist files, by their keys in bundle.json's "shortlist" (the int8 ones only
+# in a bundle exported with --int8).
+SHORTLIST_FILES = ("file", "projection", "projection_int8", "projection_scale")
+
+
+def _save_array(array: np.ndarray, path: Path) -> None:
+    with open(path, "wb") as f:
+        np.save(f, array)
 
 
 def quantize_graph(fp32_path: Path, out: Path | None = None, per_channel: bool = False) -> Path:
@@ -246,17 +275,18 @@ def export_bundle(
     staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
         files = export_graphs(model, staging)
-        shortlist = _export_shortlist(model, Path(checkpoint), staging)
-        if shortlist:
-            files.append(shortlist["graph"])
         if int8:
             files += [quantize_graph(staging / name).name for name in files]
+        shortlist = _export_shortlist(model, Path(checkpoint), staging, int8)
+        if shortlist:
+            graph = shortlist["graph"]
+            files += [graph, graph.replace(".onnx", ".int8.onnx")] if int8 else [graph]
         files = with_data_files(staging, files)
         for file in files:  # (ONNX writes external data readable by its owner only)
             if file.endswith(".data"):
                 shutil.copymode(staging / file.removesuffix(".data"), staging / file)
         if shortlist:
-            files += [shortlist["file"], shortlist["projection"]]
+            files += [shortlist[key] for key in SHORTLIST_FILES if key in shortlist]
         # Every tokenizer file under its own name, recorded by role ("source", "target", ...).
         tokenizer_files = {role: path.name for role, path in tokenizer.files.items()}
         for role, path in tokenizer.files.items():
@@ -296,7 +326,7 @@ def export_bundle(
             "int8": int8,
             # The vocabulary shortlist (opt-in at serving time), when the model has one.
             **(
-                {"shortlist": {k: shortlist[k] for k in ("file", "projection")}}
+                {"shortlist": {k: shortlist[k] for k in SHORTLIST_FILES if k in shortlist}}
                 if shortlist
                 else {}
             ),

@@ -83,6 +83,17 @@ def build_shortlist(
     return Shortlist(always=fixed, candidates=candidates)
 
 
+def quantize_columns(projection: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The output projection [D, V] float -> int8 [D, V] and a scale per column [V]
+    (symmetric: column c is scale[c] * int8[:, c]), for the int8 shortlisted step, which
+    gathers a batch's candidate columns with their scales. A scale per word rather than one
+    for the matrix: a rare word's small column keeps its precision."""
+    largest = np.abs(projection).max(axis=0)  # [V]
+    scale = np.where(largest > 0, largest / 127.0, 1.0).astype(np.float32)
+    quantized = np.clip(np.rint(projection / scale), -127, 127).astype(np.int8)
+    return quantized, scale
+
+
 def write_ctranslate2_vmap(shortlist: Shortlist, piece_of: list[str], path: Path) -> None:
     """The same shortlist as CTranslate2's vocabulary map (`--vocab_mapping`): a line with an
     empty source for the words always allowed, then `source piece<TAB>target pieces`."""

@@ -77,15 +77,22 @@ class Bundle:
         """Exported from a model directory with a vocabulary shortlist (`nmt shortlist`)."""
         return "shortlist" in self.manifest and "decoder_shortlist" in self.manifest["graphs"]
 
-    def shortlist_files(self) -> tuple[Path, Path]:
-        """The shortlist (nmt_contract.Shortlist) and the output projection [D, V] (.npy)."""
+    def shortlist_files(self, int8: bool = False) -> tuple[Path, list[Path]]:
+        """The shortlist (nmt_contract.Shortlist) and the output projection's files: [D, V]
+        float (.npy), or for the int8 step the int8 [D, V] and its column scales [V]."""
         if not self.has_shortlist:
             raise BundleError(
                 f"{self.path} has no vocabulary shortlist: build one with `nmt shortlist` "
                 "and re-export the model"
             )
         entry = self.manifest["shortlist"]
-        return self.path / entry["file"], self.path / entry["projection"]
+        keys = ["projection_int8", "projection_scale"] if int8 else ["projection"]
+        if not all(key in entry for key in keys):
+            raise BundleError(
+                f"{self.path} has no int8 output projection for its shortlist: it was "
+                "exported by an older `nmt export`, or without --int8; re-export it"
+            )
+        return self.path / entry["file"], [self.path / entry[key] for key in keys]
 
     def tokenizer_file(self, side: str) -> Path:
         return self.path / self.manifest["tokenizer"][side]

@@ -67,11 +67,12 @@ class Engine:
         self.shortlist: Shortlist | None = None
         if self.options.shortlist:
             role = "decoder_shortlist"
-            shortlist_path, projection_path = bundle.shortlist_files()
+            shortlist_path, projection_paths = bundle.shortlist_files(self.options.int8)
             self.shortlist = Shortlist.load(shortlist_path)
-            self.projection = np.load(projection_path)  # [D, V]
+            # [D, V] float, or (int8) the int8 [D, V] and its column scales [V]
+            self.projection = [np.load(path) for path in projection_paths]
             fits = self.shortlist.fits(self.vocab_size)
-            if not fits or self.projection.shape[1] != self.vocab_size:
+            if not fits or self.projection[0].shape[1] != self.vocab_size:
                 raise BundleError(
                     f"{bundle.path}: the shortlist does not fit the model's {self.vocab_size} "
                     "words: rebuild it with `nmt shortlist` and re-export"
@@ -88,6 +89,8 @@ class Engine:
         needed_inputs |= {*self.past_names, *self.cross_names}
         if self.shortlist is not None:
             needed_inputs |= {"vocabulary", "output_projection"}
+            if self.options.int8:
+                needed_inputs.add("output_projection_scale")
         needed_outputs = {"top_log_probs", "top_ids", "forced_log_probs", "alignment"}
         needed_outputs |= set(self.attention_names)
         needed_outputs |= set(self.present_names)
@@ -204,12 +207,12 @@ class Engine:
 
     def _gather_vocabulary(self, cache: KVCache) -> None:
         """The batch's candidate words (the union of its sources') and their columns of the
-        output projection [D, C]: after joins and leaves (KVCache.select_sources), not per
-        step."""
+        output projection [D, C] (int8: and their scales [C]): after joins and leaves
+        (KVCache.select_sources), not per step."""
         cache.vocabulary = np.unique(np.concatenate(cache.candidates))
         # [D, C]: `take` copies a row's picked columns at a time, 5-9x faster than the fancy
         # index `projection[:, vocabulary]` (docs/performance.md, the shortlist section).
-        cache.projection = self.projection.take(cache.vocabulary, axis=1)
+        cache.projection = [part.take(cache.vocabulary, axis=-1) for part in self.projection]
         cache.vocabulary_sources = cache.sources
         cache.unbind()
 
@@ -235,7 +238,9 @@ class Engine:
         inputs |= dict(zip(self.cross_names, cache.cross, strict=True))
         inputs |= {name: io[name] for name in ("target_ids", "positions", "top_k", "forced_ids")}
         if cache.vocabulary is not None:
-            inputs |= {"vocabulary": cache.vocabulary, "output_projection": cache.projection}
+            inputs["vocabulary"] = cache.vocabulary
+            names = ["output_projection", "output_projection_scale"]  # (the scales: int8)
+            inputs |= dict(zip(names, cache.projection, strict=False))
         outputs = {name: io[name] for name in ("top_log_probs", "top_ids", "forced_log_probs")}
         if alignment:
             outputs["alignment"] = io["alignment"] = np.empty((rows, width), dtype=np.float32)

@@ -39,9 +39,10 @@ class KVCache:
     past: self-attention buffers keys_0, values_0, ... each [capacity rows, H, capacity, Dh];
     positions [rows]: each row's cache length, the position of the token it feeds next;
     candidates: with a shortlist, each source's candidate target ids (ascending), else None;
-    vocabulary [C] and projection [D, C]: the union of the candidates and their output
-    projection columns, made by the engine at the first step after sources joined, or after
-    a quarter of those it was made for left (None until then)."""
+    vocabulary [C] and projection [[D, C]] (int8: [[D, C] int8, [C] scales]): the union of
+    the candidates and their output projection columns, made by the engine at the first step
+    after sources joined, or after a quarter of those it was made for left (None until
+    then)."""
 
     cross: list[np.ndarray]
     source_mask: np.ndarray
@@ -49,7 +50,7 @@ class KVCache:
     positions: np.ndarray
     candidates: list[np.ndarray] | None = None
     vocabulary: np.ndarray | None = None
-    projection: np.ndarray | None = None
+    projection: list[np.ndarray] | None = None
     vocabulary_sources: int = 0  # the sources the vocabulary was made for
     # The arrays of our own that cross and source_mask are the leading parts of, with room
     # for sources to join in place (extend); None until a join made them.

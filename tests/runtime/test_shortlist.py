@@ -105,6 +105,52 @@ def test_a_shortlisted_step_is_the_torch_models_log_softmax_over_the_candidates(
     assert np.isneginf(log_probs[:, others]).all()  # words outside cannot be written
 
 
+def test_the_int8_shortlisted_step_scores_int8_columns_close_to_the_torch_model(
+    tiny_checkpoint: Path, shortlist_bundle: Path
+) -> None:
+    """The int8 step reads its candidates' columns quantized (a scale per word): close to
+    torch's log-softmax over the same candidates, as the other int8 graphs are to fp32."""
+    model, _ = load_model_dir(tiny_checkpoint)
+    bundle = load_bundle(shortlist_bundle)
+    assert {"projection_int8", "projection_scale"} <= bundle.manifest["shortlist"].keys()
+    engine = Engine(bundle, EngineOptions(shortlist=True, int8=True))
+    assert engine.projection[0].dtype == np.int8 and engine.projection[1].shape == (400,)
+    sources = random_sources(3, 400, seed=8)
+    source_ids, source_mask = pad_arrays(sources)
+    log_probs, _ = full_log_probs(
+        engine, engine.start(source_ids, source_mask), np.zeros(3, dtype=np.int64)
+    )
+    candidates = engine.shortlist.vocabulary_for(source_ids[source_mask])
+    ids = torch.from_numpy(source_ids)
+    with torch.no_grad():
+        cross = model.cross_keys_values(model.encode(ids, ids != 0))
+        logits, _, _ = model.decode(
+            torch.zeros((3, 1), dtype=torch.long), model.empty_cache(3), cross, ids != 0
+        )
+    expected = torch.log_softmax(logits[:, -1, torch.from_numpy(candidates)], dim=-1).numpy()
+    # (log-probs spread over about 4.7 here; the int8 error is about 0.06, and a wrong scale
+    # of 1.5x makes it 1.8)
+    assert np.abs(log_probs[:, candidates] - expected).max() < 0.2
+    others = np.setdiff1d(np.arange(400), candidates)
+    assert np.isneginf(log_probs[:, others]).all()
+
+
+def test_an_int8_shortlist_from_an_older_export_is_refused_saying_re_export(
+    shortlist_bundle: Path, tmp_path: Path
+) -> None:
+    """A bundle exported before the int8 projection (bundle.json's shortlist without it)
+    still serves its float shortlist; asked for the int8 one, it says what to do."""
+    copy = tmp_path / "bundle"
+    shutil.copytree(shortlist_bundle, copy)
+    manifest = json.loads((copy / "bundle.json").read_text())
+    for key in ("projection_int8", "projection_scale"):
+        del manifest["files"][manifest["shortlist"].pop(key)]
+    (copy / "bundle.json").write_text(json.dumps(manifest))
+    Engine(load_bundle(copy), EngineOptions(shortlist=True))
+    with pytest.raises(BundleError, match="re-export"):
+        Engine(load_bundle(copy), EngineOptions(shortlist=True, int8=True))
+
+
 def test_the_candidates_are_gathered_once_per_join_or_leave(shortlist_bundle: Path) -> None:
     """The batch scores the union of its sentences' candidates, made again when one leaves
     (so that a busy server's batch does not drift to the whole vocabulary), not per step."""
