@@ -21,7 +21,7 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 # The ONNX bundle is a build product: exported from the committed checkpoint when missing or
 # older than the checkpoint or the exporter (a new bundle format needs a new export).
 $(BUNDLE)/bundle.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(VENV)/.dev-installed \
-		export/onnx_export.py export/fused_step.py $(wildcard export/model/*.py) $(wildcard $(MODEL)/description.txt) \
+		export/onnx_export.py export/fused_step.py export/shortlist.py $(wildcard export/model/*.py) $(wildcard $(MODEL)/description.txt) \
 		$(wildcard $(MODEL)/shortlist.npz)
 	$(BIN)/nmt export --checkpoint $(MODEL) --out $(BUNDLE) --int8
 

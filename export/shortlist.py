@@ -87,11 +87,19 @@ def quantize_columns(projection: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The output projection [D, V] float -> int8 [D, V] and a scale per column [V]
     (symmetric: column c is scale[c] * int8[:, c]), for the int8 shortlisted step, which
     gathers a batch's candidate columns with their scales. A scale per word rather than one
-    for the matrix: a rare word's small column keeps its precision."""
+    for the matrix: a rare word's small column keeps its precision.
+
+    Seven bits (-63..63), as ONNX Runtime's `reduce_range`: on a CPU with AVX2 but no VNNI
+    (AMD Zen 3), MLAS multiplies u8 activations by s8 weights given as an input with
+    `vpmaddubsw`, which adds two products into 16 bits and saturates: full-range weights
+    put 11-15% errors into the logits there, seven bits 2% (docs/performance.md)."""
     largest = np.abs(projection).max(axis=0)  # [V]
-    scale = np.where(largest > 0, largest / 127.0, 1.0).astype(np.float32)
-    quantized = np.clip(np.rint(projection / scale), -127, 127).astype(np.int8)
+    scale = np.where(largest > 0, largest / SEVEN_BITS, 1.0).astype(np.float32)
+    quantized = np.clip(np.rint(projection / scale), -SEVEN_BITS, SEVEN_BITS).astype(np.int8)
     return quantized, scale
+
+
+SEVEN_BITS = 63  # the largest int8 weight whose pair of products with u8 fits in int16
 
 
 def write_ctranslate2_vmap(shortlist: Shortlist, piece_of: list[str], path: Path) -> None:
