@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmt_contract import SHORTLIST_FILE, Shortlist
+from nmt_contract import SHORTLIST_FILE, Shortlist, union_of
 
 torch = pytest.importorskip("torch")
 
@@ -52,6 +52,16 @@ def test_a_shortlist_survives_the_disk_and_gives_a_batch_its_candidates(tmp_path
     vocabulary = again.vocabulary_for(np.array([[3, 4, 0], [4, 0, 0]]))
     assert vocabulary.tolist() == [0, 1, 2, 4, 7, 9]
     assert vocabulary.dtype == np.int64
+
+
+def test_a_batch_vocabulary_is_numpys_union_of_its_sources_candidates() -> None:
+    rng = np.random.default_rng(5)
+    parts = [rng.integers(0, 9000, size=int(rng.integers(0, 400))) for _ in range(32)]
+    parts += [np.array([], dtype=np.int32), np.array([8999, 3], dtype=np.int32)]
+    union = union_of(parts)
+    np.testing.assert_array_equal(union, np.unique(np.concatenate(parts)))
+    assert union.dtype == np.int64
+    assert union_of([np.array([], dtype=np.int64)]).tolist() == []
 
 
 def test_the_ctranslate2_vocabulary_map_says_the_same(tmp_path: Path) -> None:
