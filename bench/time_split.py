@@ -1,0 +1,124 @@
+"""Where a translation's time goes: the decoder step, the encoder, and everything else.
+
+    python -m bench.time_split [--bundle build/models/fr-en] [--sentences 200]
+
+Translates the first `--sentences` lines of test_2016_flickr with the int8 engine on one
+thread, as `Translator.translate_ids` does (sorted by length into batches, the server's
+search settings), for greedy and beam 4 at batch 1 and 32, with and without the shortlist.
+The engine's two ONNX Runtime sessions are wrapped to time their calls from outside; what
+is left of the wall time is Python and numpy (search, cache moves, binding, the shortlist's
+gathers). Each cell is translated once to warm up, then `--repeat` times; the median run is
+reported per decoder step (a step of the whole batch). Writes the "time-split" section of
+docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from bench.report import cpu_model, replace_section, reproduce
+from export.data import read_lines
+from export.train_config import multi30k_dir
+from service.runtime.bundle import load_bundle
+from service.runtime.search import SearchOptions
+from service.runtime.sessions import EngineOptions
+from service.runtime.translator import Translator
+from service.serving.settings import Settings
+
+CELLS = [(1, 1), (4, 1), (1, 32), (4, 32)]  # (beam, batch)
+
+
+class TimedSession:
+    """An ONNX Runtime session whose run calls add their wall time to `spent[key]`."""
+
+    def __init__(self, session: object, key: str, spent: dict[str, float]) -> None:
+        self.session, self.key, self.spent = session, key, spent
+
+    def run(self, *args: object, **kwargs: object) -> object:
+        started = time.perf_counter()
+        try:
+            return self.session.run(*args, **kwargs)
+        finally:
+            self.spent[self.key] += time.perf_counter() - started
+
+    def run_with_iobinding(self, binding: object) -> None:
+        started = time.perf_counter()
+        try:
+            self.session.run_with_iobinding(binding)
+        finally:
+            self.spent[self.key] += time.perf_counter() - started
+            self.spent["steps"] += 1
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.session, name)
+
+
+def split(translator: Translator, sources: list[list[int]], beam: int, batch: int, repeat: int):
+    """The median run's µs a step: (all, decoder, encoder, rest)."""
+    served = Settings.model_construct()  # the server's defaults
+    options = SearchOptions(
+        beam_size=beam,
+        length_penalty=served.default_length_penalty,
+        max_repeats=served.max_repeats,
+    )
+    engine = translator.engine
+    spent = {"decoder": 0.0, "encoder": 0.0, "steps": 0}
+    engine.decoder = TimedSession(engine.decoder, "decoder", spent)
+    engine.encoder = TimedSession(engine.encoder, "encoder", spent)
+    runs = []
+    try:
+        for turn in range(repeat + 1):
+            spent.update(decoder=0.0, encoder=0.0, steps=0)
+            started = time.perf_counter()
+            translator.translate_ids(sources, options, batch)
+            wall = time.perf_counter() - started
+            if turn:  # the first run warms up
+                steps = spent["steps"]
+                rest = wall - spent["decoder"] - spent["encoder"]
+                parts = (wall, spent["decoder"], spent["encoder"], rest)
+                runs.append(tuple(part / steps * 1e6 for part in parts))
+    finally:
+        engine.decoder, engine.encoder = engine.decoder.session, engine.encoder.session
+    return sorted(runs)[len(runs) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bundle", type=Path, default=Path("build/models/fr-en"))
+    parser.add_argument("--sentences", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("docs/performance.md"))
+    args = parser.parse_args()
+    lines = read_lines(multi30k_dir() / "test_2016_flickr.fr")[: args.sentences]
+    rows = []
+    for shortlist in (False, True):
+        options = EngineOptions(int8=True, intra_op_threads=1, shortlist=shortlist)
+        translator = Translator(load_bundle(args.bundle), options)
+        sources = translator.tokenizer.encode(lines)
+        for beam, batch in CELLS:
+            every, decoder, encoder, rest = split(translator, sources, beam, batch, args.repeat)
+            search = "greedy" if beam == 1 else f"beam {beam}"
+            name = f"{search}, {batch}{', shortlist' if shortlist else ''}"
+            rows.append(
+                f"| {name} | {every:.0f} | {decoder:.0f} ({decoder / every:.0%}) | "
+                f"{encoder:.0f} ({encoder / every:.0%}) | {rest:.0f} ({rest / every:.0%}) |"
+            )
+            print(rows[-1], flush=True)
+    table = "\n".join(
+        [
+            f"Reproduce: `{reproduce('bench.time_split')}` ({cpu_model()}, int8, one thread; "
+            f"the first {args.sentences} lines of test_2016_flickr, sorted by length into "
+            f"batches; median of {args.repeat} runs)",
+            "",
+            "| search, batch | all, µs a step | decoder step | encoder | the rest |",
+            "|---|---:|---:|---:|---:|",
+            *rows,
+        ]
+    )
+    replace_section("time-split", table, args.out)
+
+
+if __name__ == "__main__":
+    main()
