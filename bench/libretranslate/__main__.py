@@ -16,6 +16,9 @@ p99 latency, the server's CPU per request (its process, all threads, from /proc)
 peak memory; then one request of 64 sentences, the median of three. Each server is warmed up
 before the first turn.
 
+`--checkpoint` serves another checkpoint of the pair on both sides (its bundle, conversion and
+Argos package made under build/bench-libretranslate/checkpoints/); the report then names it.
+
 Writes the "libretranslate" section of docs/benchmarks.md. A benchmark: it asserts nothing.
 Nothing of it is part of the product.
 """
@@ -258,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=30, help="each server's turn at a level")
     parser.add_argument("--threads", type=int, default=1, help="our engine's threads")
     parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=CHECKPOINT,
+        help="the fr-en checkpoint both serve (default: the committed one)",
+    )
+    parser.add_argument(
         "--configurations",
         default=",".join(str(i) for i in range(len(LIBRETRANSLATE_CONFIGURATIONS))),
         help="which LibreTranslate configurations, by index: "
@@ -279,12 +288,26 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [list(LIBRETRANSLATE_CONFIGURATIONS)[int(i)] for i in args.configurations.split(",")]
 
     lt_python = ensure_libretranslate(args.libretranslate_venv)
-    paths = prepare(CHECKPOINT, WORK / "prepared")  # bench.compare's CTranslate2 conversion
+    committed = args.checkpoint.resolve() == CHECKPOINT.resolve()
+    # (another checkpoint's conversion, package and bundle in a folder of its own)
+    work_dir = WORK if committed else WORK / "checkpoints" / args.checkpoint.resolve().name
+    paths = prepare(args.checkpoint, work_dir / "prepared")  # bench.compare's CTranslate2 model
     archive = build_package(
-        paths["ct2"], CHECKPOINT / "sentencepiece.model", WORK, lt_python, args.minisbd_model
+        paths["ct2"],
+        args.checkpoint / "sentencepiece.model",
+        work_dir,
+        lt_python,
+        args.minisbd_model,
     )
-    install_package(lt_python, archive, WORK / "argos-home")
-    bundles = ensure_bundle()
+    argos_home = work_dir / "argos-home"
+    install_package(lt_python, archive, argos_home)
+    if committed:
+        bundles = ensure_bundle()
+    else:  # a folder of bundles holding the prepared one as fr-en
+        bundles = work_dir / "bundles"
+        bundles.mkdir(exist_ok=True)
+        if not (bundles / "fr-en").exists():
+            (bundles / "fr-en").symlink_to(paths["bundle"].resolve())
     sentences = TRAIN_SOURCES.read_text(encoding="utf-8").splitlines()
 
     with ExitStack() as stack:
@@ -304,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 name,
                 LIBRETRANSLATE_CONFIGURATIONS[name],
                 lt_python,
-                WORK / "argos-home",
+                argos_home,
                 work,
                 spacy=args.minisbd_model is None,
             )
@@ -335,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     reused = first_line > len(sentences) - 2000
     markdown = report(contenders, levels, peaks, args, reused)
     print(markdown)
-    (WORK / "results.json").write_text(
+    (work_dir / "results.json").write_text(
         json.dumps(
             {
                 c.name: {
@@ -367,7 +390,13 @@ def report(
         "## nmt-serve against LibreTranslate, on the same weights",
         "",
         f"Measured on {cpu_model()}, {os.cpu_count()} cores, all servers on the same machine as "
-        "the load (Locust), taking turns. The committed fr-en checkpoint: ours int8 "
+        "the load (Locust), taking turns. "
+        + (
+            "The committed fr-en checkpoint"
+            if args.checkpoint.resolve() == CHECKPOINT.resolve()
+            else f"The fr-en checkpoint `{args.checkpoint}`"
+        )
+        + ": ours int8 "
         f"(`NMT_INT8=true`, `NMT_THREADS={args.threads}`"
         + ("; and two such processes with 1 thread behind nginx" if args.replicas else "")
         + "), LibreTranslate "

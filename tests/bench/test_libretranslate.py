@@ -74,3 +74,22 @@ def test_both_servers_answer_the_same_scenario_without_failures(tmp_path):
         assert level["requests"] > 0, name
         assert level["failures"] == 0, name
         assert result["peak_rss_mib"] > 0, name
+
+
+def test_another_checkpoint_is_served_by_both_servers(tmp_path):
+    """--checkpoint: the checkpoint's own conversion, package and bundle (here a copy of the
+    committed one, under another name), served by both."""
+    import shutil
+
+    checkpoint = tmp_path / "fr-en-copy"
+    shutil.copytree(CHECKPOINT, checkpoint)
+    argv = ["--checkpoint", str(checkpoint), "--clients", "1", "--seconds", "3"]
+    assert main([*argv, "--configurations", "1", "--no-replicas", "--no-report"]) == 0
+    work = WORK / "checkpoints" / "fr-en-copy"
+    results = json.loads((work / "results.json").read_text())
+    assert len(results) == 2
+    for name, result in results.items():
+        assert result["levels"]["1"]["requests"] > 0, name
+        assert result["levels"]["1"]["failures"] == 0, name
+    assert (work / "bundles" / "fr-en" / "bundle.json").is_file()
+    shutil.rmtree(work)
