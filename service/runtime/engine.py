@@ -211,7 +211,8 @@ class Engine:
         (KVCache.select_sources), not per step."""
         cache.vocabulary = union_of(cache.candidates)
         # [D, C]: `take` copies a row's picked columns at a time, 5-9x faster than the fancy
-        # index `projection[:, vocabulary]` (docs/performance.md, the shortlist section).
+        # index `projection[:, vocabulary]` on the fp32 matrix (docs/performance.md, the
+        # shortlist section); on the int8 one the two take about as long (0.3 ms for 1,844).
         cache.projection = [part.take(cache.vocabulary, axis=-1) for part in self.projection]
         cache.vocabulary_sources = cache.sources
         cache.unbind()
