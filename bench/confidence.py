@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.harness import served_options
 from bench.report import opening, replace_section
 from export import calibration as fit
 from export.data import read_lines
 from export.train_config import multi30k_dir
 from service.runtime.bundle import load_bundle
-from service.runtime.search import SearchOptions
 from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
 from service.serving.confidence import (
@@ -42,7 +42,6 @@ from service.serving.confidence import (
     load_calibration,
     scored_sentences,
 )
-from service.serving.settings import Settings
 
 # Feature groups left out one at a time in the ablation.
 GROUPS = {
@@ -55,20 +54,11 @@ GROUPS = {
 }
 
 
-def options(beam_size: int) -> SearchOptions:
-    served = Settings.model_construct()  # the server's defaults
-    return SearchOptions(
-        beam_size=beam_size,
-        length_penalty=served.default_length_penalty,
-        max_repeats=served.max_repeats,
-    )
-
-
 def judged(translator: Translator, split: str, beam_size: int) -> dict:
     data = multi30k_dir()
     sources = read_lines(data / f"{split}.fr")
     references = read_lines(data / f"{split}.en")
-    scored = scored_sentences(translator, sources, options(beam_size))
+    scored = scored_sentences(translator, sources, served_options(beam_size))
     chrf = np.array(
         [fit.sentence_chrf(s.translation, r) for s, r in zip(scored, references, strict=True)]
     )
@@ -109,7 +99,7 @@ def tokens_per_second(
     """Median tokens/s without and with confidence (and what the server asks with it:
     alignment, every beam hypothesis, and the features), alternating, side by side; both
     from text to text."""
-    plain = options(beam_size)
+    plain = served_options(beam_size)
     tokenizer = translator.tokenizer
     runs: dict[str, list[float]] = {"without": [], "with": []}
     for _ in range(repeats):

@@ -28,6 +28,8 @@ from typing import Any
 import httpx
 
 from nmt_contract import BUNDLE_FORMAT
+from service.runtime.search import SearchOptions
+from service.serving.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLES = ROOT / "build" / "models"
@@ -35,6 +37,17 @@ CHECKPOINT = ROOT / "models" / "fr-en"
 # `-m nmt_cli` rather than the `nmt` script: it runs the code of the checkout it starts in.
 SERVE = [sys.executable, "-m", "nmt_cli", "serve"]
 READY_TIMEOUT_SECONDS = 180.0
+
+
+def served_options(beam_size: int) -> SearchOptions:
+    """A search as the server runs it by default (length penalty, repetition guard), without
+    reading the environment: what benchmarks translate with to time or judge the product."""
+    served = Settings.model_construct()
+    return SearchOptions(
+        beam_size=beam_size,
+        length_penalty=served.default_length_penalty,
+        max_repeats=served.max_repeats,
+    )
 
 
 def ensure_bundle(bundles: Path = BUNDLES) -> Path:

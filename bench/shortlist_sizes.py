@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import sacrebleu
 
+from bench.harness import served_options
 from bench.report import opening, replace_section
 from export.data import read_lines
 from export.shortlist import shortlist_from_corpus
@@ -36,7 +37,6 @@ from service.runtime.bundle import load_bundle
 from service.runtime.search import SearchOptions
 from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
-from service.serving.settings import Settings
 
 SPLITS = ("test_2016_flickr", "test_2017_flickr")
 SEARCHES = (1, 4)  # beam sizes
@@ -62,29 +62,21 @@ def sized_bundle(bundle: Path, checkpoint: Path, per_source: int, always: int, o
 def translated(translator: Translator, sources: dict[str, list[str]]) -> tuple[dict, float]:
     """Every split and search translated: ({(split, beam): texts}, seconds in all), after a
     batch of each split translated once (not timed) to warm up the engine's memory."""
-    served = Settings.model_construct()  # the server's defaults
     texts, seconds = {}, 0.0
     warm_up = SearchOptions(beam_size=max(SEARCHES))
     translator.translate([line for lines in sources.values() for line in lines[:BATCH]], warm_up)
     for split, lines in sources.items():
         for beam in SEARCHES:
-            options = SearchOptions(
-                beam_size=beam,
-                length_penalty=served.default_length_penalty,
-                max_repeats=served.max_repeats,
-            )
             started = time.perf_counter()
-            found = translator.translate(lines, options, BATCH)
+            found = translator.translate(lines, served_options(beam), BATCH)
             seconds += time.perf_counter() - started
             texts[(split, beam)] = [translation.text for translation in found]
     return texts, seconds
 
 
-def candidates(bundle: Path, lines: list[str]) -> tuple[int, int]:
-    """Median candidates of one sentence, and of a batch of BATCH length-sorted sentences."""
-    translator = Translator(
-        load_bundle(bundle), EngineOptions(int8=True, intra_op_threads=1, shortlist=True)
-    )
+def candidates(translator: Translator, lines: list[str]) -> tuple[int, int]:
+    """Median candidates of one sentence, and of a batch of BATCH length-sorted sentences, in
+    the shortlist of a translator that has one."""
     shortlist = translator.engine.shortlist
     sources = sorted(translator.tokenizer.encode(lines), key=len)
     one = [len(shortlist.vocabulary_for(np.array(source))) for source in sources]
@@ -127,11 +119,11 @@ def main() -> None:
             )
             full[int8] = translated(engine, sources)
         for size, bundle in bundles.items():
-            one, batch = candidates(bundle, sources["test_2016_flickr"])
             cells = []
             for int8 in (False, True):
                 options = EngineOptions(int8=int8, intra_op_threads=1, shortlist=True)
-                texts, seconds = translated(Translator(load_bundle(bundle), options), sources)
+                translator = Translator(load_bundle(bundle), options)
+                texts, seconds = translated(translator, sources)
                 for split in SPLITS:
                     for beam in SEARCHES:
                         mine, theirs = texts[(split, beam)], full[int8][0][(split, beam)]
@@ -139,6 +131,7 @@ def main() -> None:
                         cells.append(f"{same:.1%} / {bleu(mine, split):.2f}")
                 if int8:
                     speed = full[int8][1] / seconds
+                    one, batch = candidates(translator, sources["test_2016_flickr"])
             print(size, one, batch, cells, f"{speed:.2f}x", flush=True)
             rows.append(f"| {size} | {one} / {batch} | {' | '.join(cells)} | {speed:.2f}x |")
     header = [

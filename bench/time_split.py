@@ -18,14 +18,13 @@ import argparse
 import time
 from pathlib import Path
 
+from bench.harness import served_options
 from bench.report import cpu_model, replace_section, reproduce
 from export.data import read_lines
 from export.train_config import multi30k_dir
 from service.runtime.bundle import load_bundle
-from service.runtime.search import SearchOptions
 from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
-from service.serving.settings import Settings
 
 CELLS = [(1, 1), (4, 1), (1, 32), (4, 32)]  # (beam, batch)
 
@@ -57,12 +56,7 @@ class TimedSession:
 
 def split(translator: Translator, sources: list[list[int]], beam: int, batch: int, repeat: int):
     """The median run's µs a step: (all, decoder, encoder, rest)."""
-    served = Settings.model_construct()  # the server's defaults
-    options = SearchOptions(
-        beam_size=beam,
-        length_penalty=served.default_length_penalty,
-        max_repeats=served.max_repeats,
-    )
+    options = served_options(beam)
     engine = translator.engine
     spent = {"decoder": 0.0, "encoder": 0.0, "steps": 0}
     engine.decoder = TimedSession(engine.decoder, "decoder", spent)
