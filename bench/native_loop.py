@@ -1,0 +1,254 @@
+"""What the decoding loop out of Python would buy at batch 1: the product's greedy search
+against the same steps driven by minimal Python loops and by a loop in C.
+
+    python -m bench.native_loop [--bundle build/models/fr-en] [--sentences 200] [--rounds 5]
+
+Every sentence of the first `--sentences` lines of test_2016_flickr is translated alone
+(batch 1, greedy, int8, one thread), five ways, taking turns within each round:
+
+* the product: `Translator.translate_ids` with one sentence, as bench.compare's "ours int8"
+  runs it (the running batch, its strategy and bookkeeping, the engine's step);
+* the product's `Engine.step` in a minimal loop: the best token of each step fed back, no
+  running batch or strategy (what the search's bookkeeping costs);
+* a minimal Python loop over the same encoder output and IO binding: per step, write the
+  token and its position into the bound arrays, run the session, read the best token (what
+  the engine's step costs around the graph);
+* the same loop in C (bench/native_loop.c, built here with the system's C compiler): per
+  step, one call of the session's run_with_iobinding through the CPython API and nothing
+  else, so that no interpreter or numpy code has to be read back into the core's caches after
+  each graph run (bench.cache_refill, bench.time_split);
+* CTranslate2 int8 on the same weights (bench.compare's conversion), one sentence a call.
+
+The two loops start from the product's own engine: `Engine.start` encodes, the first
+`Engine.step` binds and feeds the start token; from the second step on each loop drives the
+binding itself. All four must write the same translation of every sentence (the product's
+greedy search without the repetition guard, as bench.compare runs it). Reported: tokens per
+second (</s> included) of each, the median of the rounds, and the ratios. Writes the
+"native-loop" section of docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.machinery
+import importlib.util
+import statistics
+import subprocess
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from bench.report import cpu_model, replace_section, reproduce
+from export.data import read_lines
+from export.train_config import multi30k_dir
+from nmt_contract import length_limit
+from service.runtime.bundle import load_bundle
+from service.runtime.engine import Engine
+from service.runtime.running_batch import pad_sources
+from service.runtime.search import SearchOptions
+from service.runtime.sessions import EngineOptions
+from service.runtime.translator import Translator
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = Path(__file__).with_name("native_loop.c")
+GREEDY = SearchOptions(beam_size=1)  # as bench.compare translates: no repetition guard
+
+
+def build_extension(out_dir: Path) -> ModuleType:
+    """bench/native_loop.c compiled into `out_dir` (again when the source is newer) and
+    imported."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    library = out_dir / f"native_loop{suffix}"
+    if not library.is_file() or library.stat().st_mtime < SOURCE.stat().st_mtime:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        include = sysconfig.get_paths()["include"]
+        command = ["cc", "-O2", "-shared", "-fPIC", f"-I{include}", str(SOURCE), "-o", str(library)]
+        subprocess.run(command, check=True)
+    loader = importlib.machinery.ExtensionFileLoader("native_loop", str(library))
+    spec = importlib.util.spec_from_file_location("native_loop", library, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+class FirstStep:
+    """One sentence encoded and its first step taken by the product's engine: the binding the
+    loops drive from the second step on, and what the first step chose."""
+
+    def __init__(self, engine: Engine, source: list[int]) -> None:
+        ids, mask = pad_sources([source], engine.pad_id)
+        cache = engine.start(ids, mask)
+        self.limit = length_limit(len(source), GREEDY.max_length, engine.max_positions)
+        cache.reserve(1, self.limit)  # room for every position: the binding never changes
+        start = np.array([engine.start_id], dtype=np.int64)
+        result = engine.step(cache, start, top_k=1)
+        self.token, self.log_prob = int(result.top_ids[0, 0]), float(result.top_log_probs[0, 0])
+        self.io = cache.io
+        self.run = functools.partial(engine.decoder.run_with_iobinding, cache.binding)
+
+
+def engine_step_loop(engine: Engine, source: list[int]) -> list[int]:
+    """Greedy search of one sentence by the product's Engine.step, each step's best token fed
+    back: tokens without </s>."""
+    ids, mask = pad_sources([source], engine.pad_id)
+    cache = engine.start(ids, mask)
+    limit = length_limit(len(source), GREEDY.max_length, engine.max_positions)
+    eos, feed, tokens = engine.eos_id, np.array([engine.start_id], dtype=np.int64), []
+    while len(tokens) < limit and (not tokens or tokens[-1] != eos):
+        result = engine.step(cache, feed, top_k=1)
+        feed = result.top_ids[:, 0]
+        tokens.append(int(feed[0]))
+    if engine.force_eos_at_limit and tokens[-1] != eos:
+        tokens[-1] = eos
+    return tokens[:-1] if tokens[-1] == eos else tokens
+
+
+def python_loop(engine: Engine, source: list[int]) -> list[int]:
+    """Greedy search of one sentence, the loop in Python: tokens without </s>."""
+    first = FirstStep(engine, source)
+    eos, limit, force = engine.eos_id, first.limit, engine.force_eos_at_limit
+    target, positions = first.io["target_ids"], first.io["positions"]
+    best_ids, best_log_probs = first.io["top_ids"], first.io["top_log_probs"]
+    token, total, tokens = first.token, first.log_prob, [first.token]
+    position = 1
+    while token != eos and position < limit:
+        target[0, 0], positions[0] = token, position
+        first.run()
+        token, log_prob = int(best_ids[0, 0]), float(best_log_probs[0, 0])
+        if force and position + 1 >= limit:
+            token, log_prob = eos, 0.0
+        tokens.append(token)
+        total += log_prob
+        position += 1
+    return tokens[:-1] if tokens[-1] == eos else tokens
+
+
+def c_loop(native: ModuleType, engine: Engine, source: list[int]) -> list[int]:
+    """Greedy search of one sentence, the loop in C: tokens without </s>."""
+    first = FirstStep(engine, source)
+    eos, io = engine.eos_id, first.io
+    tokens = [first.token]
+    if first.token != eos:
+        rest, _ = native.greedy(
+            first.run,
+            io["target_ids"],
+            io["positions"],
+            io["top_ids"],
+            io["top_log_probs"],
+            first.token,
+            1,
+            first.limit,
+            eos,
+            engine.force_eos_at_limit,
+        )
+        tokens += rest
+    return tokens[:-1] if tokens[-1] == eos else tokens
+
+
+def ctranslate2_greedy(checkpoint: Path) -> Callable[[list[int], int], list[int]] | None:
+    """CTranslate2 int8 on the same weights, one sentence a call (None without ctranslate2)."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return None
+    from bench.compare.prepare import pieces_by_our_id, prepare
+    from bench.compare.runners import CTranslate2Runner
+
+    paths = prepare(checkpoint, ROOT / "build" / "compare" / checkpoint.name)
+    job = {
+        "paths": {"ct2": str(paths["ct2"])},
+        "spec": {"compute_type": "int8"},
+        "threads": 1,
+        "maps": {"pieces": pieces_by_our_id(checkpoint)},
+    }
+    runner = CTranslate2Runner(job)
+    return lambda source, limit: runner.translate([source], 1, limit)[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bundle", type=Path, default=ROOT / "build/models/fr-en")
+    parser.add_argument("--checkpoint", type=Path, default=ROOT / "models/fr-en")
+    parser.add_argument("--sentences", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-ctranslate2", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs/performance.md")
+    args = parser.parse_args()
+
+    native = build_extension(ROOT / "build" / "native_loop")
+    options = EngineOptions(int8=True, intra_op_threads=1)
+    translator = Translator(load_bundle(args.bundle), options)
+    engine = translator.engine
+    lines = read_lines(multi30k_dir() / "test_2016_flickr.fr")[: args.sentences]
+    sources = translator.tokenizer.encode(lines)
+    limits = [length_limit(len(s), GREEDY.max_length, engine.max_positions) for s in sources]
+
+    ways: dict[str, Callable[[list[int], int], list[int]]] = {
+        "product (Python search loop)": lambda source, limit: (
+            translator.translate_ids([source], GREEDY, 1)[0][0].tokens
+        ),
+        "Engine.step, minimal loop": lambda source, limit: engine_step_loop(engine, source),
+        "minimal Python loop": lambda source, limit: python_loop(engine, source),
+        "loop in C": lambda source, limit: c_loop(native, engine, source),
+    }
+    ct2 = None if args.no_ctranslate2 else ctranslate2_greedy(args.checkpoint)
+    if ct2 is not None:
+        ways["CTranslate2 int8"] = ct2
+
+    outputs = {
+        name: [way(s, n) for s, n in zip(sources, limits, strict=True)]
+        for name, way in ways.items()
+    }
+    reference = outputs["product (Python search loop)"]
+    # (The loops over our engine must agree exactly; CTranslate2 may differ on a few lines.)
+    for name in ("Engine.step, minimal loop", "minimal Python loop", "loop in C"):
+        if outputs[name] != reference:
+            raise RuntimeError(f"{name} translated differently from the product")
+    agree = {
+        name: sum(a == b for a, b in zip(out, reference, strict=True))
+        for name, out in outputs.items()
+    }
+    tokens = {name: sum(len(t) + 1 for t in out) for name, out in outputs.items()}  # + </s>
+
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    names = list(ways)
+    for turn in range(args.rounds):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            started = time.perf_counter()
+            for source, limit in zip(sources, limits, strict=True):
+                ways[name](source, limit)
+            seconds[name].append(time.perf_counter() - started)
+            print(f"round {turn + 1}: {name} {seconds[name][-1]:.2f} s", flush=True)
+
+    speed = {name: tokens[name] / statistics.median(seconds[name]) for name in ways}
+    product = speed["product (Python search loop)"]
+    rows = [
+        f"| {name} | {speed[name]:.0f} | {1e6 / speed[name]:.0f} | {speed[name] / product:.2f}x"
+        + (f" | {speed[name] / speed['CTranslate2 int8']:.2f}x" if ct2 else "")
+        + f" | {agree[name]} / {len(sources)} |"
+        for name in ways
+    ]
+    against_ct2 = " | against CTranslate2 int8" if ct2 else ""
+    table = "\n".join(
+        [
+            f"Reproduce: `{reproduce('bench.native_loop')}` ({cpu_model()}; int8, one thread, "
+            f"greedy, batch 1: each of the first {len(sources)} lines of test_2016_flickr "
+            f"alone; median of {args.rounds} rounds, the ways taking turns)",
+            "",
+            f"| way | tokens/s | µs a token | against the product{against_ct2} | "
+            "same translation as the product |",
+            "|---|---:|---:|---:|" + ("---:|" if ct2 else "") + "---:|",
+            *rows,
+        ]
+    )
+    print(table)
+    replace_section("native-loop", table, args.out)
+
+
+if __name__ == "__main__":
+    main()
