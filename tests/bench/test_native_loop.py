@@ -5,11 +5,13 @@ timed and agreed)."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench.native_loop import GREEDY, build_extension, c_loop, engine_step_loop, python_loop
 from service.runtime.bundle import load_bundle
@@ -17,6 +19,8 @@ from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
 
 ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc)")
 
 
 def test_each_loop_translates_as_the_product(fr_en_bundle: Path, tmp_path: Path) -> None:
