@@ -178,6 +178,14 @@ def start_ours(bundles: Path, logs: Path, threads: int) -> Contender:
     return Contender(OURS, [server.process], server.url, server.log_path)
 
 
+def start_ours_workers(bundles: Path, logs: Path, workers: int) -> Contender:
+    """One server whose model has `workers` decoding threads of one engine thread each
+    (NMT_DECODING_WORKERS): the cores used as the replicas use them, in one process."""
+    server = start_server(bundles, logs, int8="true", threads=1, decoding_workers=workers)
+    name = f"{OURS}, {workers} decoding workers"
+    return Contender(name, [server.process], server.url, server.log_path)
+
+
 def start_ours_replicas(bundles: Path, logs: Path) -> Contender:
     """Two 1-thread servers behind nginx: the layout docs/scaling.md measured best on 2 cores
     (replicas, as on Kubernetes). nginx's workers count in its CPU and memory."""
@@ -278,6 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         default=nginx_binary() is not None,
         help="also ours as 2 one-thread processes behind nginx (on when nginx is installed)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="also ours with this many decoding workers of one thread (NMT_DECODING_WORKERS; "
+        "1: not)",
+    )
     parser.add_argument("--minisbd-model", type=Path, help="a MiniSBD fr model (fr.onnx)")
     parser.add_argument("--libretranslate-venv", type=Path, default=WORK / "venv")
     parser.add_argument("--no-report", action="store_true", help="print, leave the docs alone")
@@ -316,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         contenders = [start_ours(bundles, work, args.threads)]
         stack.callback(contenders[0].stop)
         contenders[0].wait_ready()
+        if args.workers > 1:
+            contenders.append(start_ours_workers(bundles, work, args.workers))
+            stack.callback(contenders[-1].stop)
+            contenders[-1].wait_ready()
         if args.replicas:
             contenders.append(start_ours_replicas(bundles, work))
             stack.callback(contenders[-1].stop)
@@ -398,6 +417,11 @@ def report(
         )
         + ": ours int8 "
         f"(`NMT_INT8=true`, `NMT_THREADS={args.threads}`"
+        + (
+            f"; and one such process with `NMT_DECODING_WORKERS={args.workers}`"
+            if args.workers > 1
+            else ""
+        )
         + ("; and two such processes with 1 thread behind nginx" if args.replicas else "")
         + "), LibreTranslate "
         f"({', '.join(LIBRETRANSLATE_PINS)}) int8 (`ARGOS_COMPUTE_TYPE=int8`) from an Argos "

@@ -2,14 +2,19 @@
 leave the running batches between two decoder steps, and a request is answered as soon as its
 last sentence ends.
 
-Three sides, three threads:
+Three sides, three kinds of thread:
 * the event loop's (`submit`, `cancel`, `close`): quick, never waits for the model;
-* the worker's (`work_once`, over and over): the running batches belong to it alone;
+* the workers' (`Worker.work_once`, over and over): each worker's running batches belong to
+  it alone. One worker by default; with `workers` > 1 (NMT_DECODING_WORKERS), as many threads
+  each decode batches of their own from the one queue, on one engine: ONNX Runtime lets go of
+  the GIL while a graph runs, so one worker's graph runs while another does its Python, and
+  on a machine of N cores the model's decoding takes up to N of them (docs/scaling.md);
 * the encoder's (`encode_once`, with `encode_ahead`): encodes queued sentences ahead.
 What waits (the queue, service/serving/queue.py) and the jobs' state are shared, under one
-lock.
+lock: a worker with room takes the oldest queued sentences, so an idle worker takes what
+arrives while another decodes, and a request's sentences may be decoded by several.
 
-One turn of the worker (`work_once`):
+One turn of a worker (`work_once`):
 
 1. queued sentences whose request expired are answered 504 and dropped, and so are running
    sentences nobody waits for any more (client gone, deadline passed): they leave the batch;
@@ -166,8 +171,8 @@ def _sentence(item: QueuedSentence) -> Sentence:
 
 
 class DecodingLoop:
-    """The one decoding loop of a model: its queue, its running batches (one per beam size)
-    and the threads that feed them."""
+    """The one decoding loop of a model: its queue, its workers' running batches (each worker
+    one per beam size) and the threads that feed them."""
 
     def __init__(
         self,
@@ -179,7 +184,10 @@ class DecodingLoop:
         encode_ahead: bool = True,
         step_together: StepTogether | None = None,
         admission: DeadlineAdmission | None = None,
+        workers: int = 1,
     ) -> None:
+        if workers < 1:
+            raise ValueError(f"a decoding loop needs at least one worker, got {workers}")
         self.model = model
         self.limits = limits
         self.clock = clock
@@ -187,50 +195,40 @@ class DecodingLoop:
         self._new_batch = new_batch
         self._step_together = step_together  # None: batches always step apart
 
-        # `_lock` guards what the three threads share: the queue and the admission, the jobs'
-        # state (closed, results), each queued sentence's encoding state, `_pricing`,
-        # `_closing`, `_decoding` and the writes of `_jobs_closed`. Each condition on it
-        # wakes only the thread it concerns.
+        # `_lock` guards what the threads share: the queue and the admission, the jobs' state
+        # (closed, results), each queued sentence's encoding state, `_pricing`, `_closing`,
+        # `_decoding` and the writes of `_jobs_closed`. Each condition on it wakes only the
+        # threads it concerns.
         self._lock = threading.Lock()
-        self._work_arrived = threading.Condition(self._lock)  # the idle worker waits on it
-        # The encoder thread waits on a condition of its own: a lone request, which the
+        self._work_arrived = threading.Condition(self._lock)  # idle workers wait on it
+        # The encoder thread waits on a condition of its own: a lone request, which a
         # worker encodes itself, does not wake it (a wake-up costs this machine 35-55 µs,
         # docs/performance.md, and the woken thread takes the GIL).
         self._encoder_wanted = threading.Condition(self._lock)
         self._encodings_ended = threading.Condition(self._lock)  # a join may wait for them
 
         self._admission = admission if admission is not None else DeadlineAdmission()
-        name = model[0] + (f"@{model[1]}" if model[1] else "")  # "fr-en@2": model, version
-        self._queue = WaitingQueue(name, limits.max_queued, limits.retry_after, self._admission)
+        self.name = model[0] + (f"@{model[1]}" if model[1] else "")  # "fr-en@2": model, version
+        self._queue = WaitingQueue(
+            self.name, limits.max_queued, limits.retry_after, self._admission
+        )
         # Empty batches, by beam size, that only price sentences (cost_of) as they are queued:
-        # the worker's batches are not the event loop's to touch.
+        # the workers' batches are not the event loop's to touch.
         self._pricing: dict[Hashable, DecodingBatch] = {}
         self._closing = False
         # Jobs closed before their end (cancelled, failed, expired): a worker that read the
         # count without the lock looks for their sentences when it changes.
         self._jobs_closed = 0
-        # Whether sentences are running (set by the worker). Encoding ahead overlaps encoding
-        # with decoding; with nothing running, the worker joins what is queued at once and
-        # encodes it itself, and a lone request is not handed between threads (measured: 2-3%
-        # of its latency).
+        # Whether sentences are running in any worker (each worker sets its own flag). Encoding
+        # ahead overlaps encoding with decoding; with nothing running, a worker joins what is
+        # queued at once and encodes it itself, and a lone request is not handed between
+        # threads (measured: 2-3% of its latency).
         self._decoding = False
 
-        # The worker thread's alone, no lock: by beam size, the running batches, what runs in
-        # each (their sentences' tickets, in joining order: a batch does not list them) and
-        # the steps since a join.
-        self._batches: dict[Hashable, DecodingBatch] = {}
-        self._running: dict[Hashable, dict[QueuedSentence, None]] = {}
-        self._steps_since_join: dict[Hashable, int] = {}
-        self._held_back: set[Hashable] = set()  # joins held back last turn, for the encoder
-        # What _drop_abandoned last saw: the count of jobs closed early, and the earliest
-        # deadline of a running sentence (may be earlier than any left: then it looks again).
-        self._jobs_closed_seen = 0
-        self._next_deadline = math.inf
-
+        self.workers = [Worker(self, number) for number in range(workers)]
         self._encoders: dict[Hashable, DecodingBatch] = {}  # by beam size; encoder thread's
-        self._thread = threading.Thread(target=self._work, name=f"nmt-batch-{name}", daemon=True)
         self._encoder_thread = (
-            threading.Thread(target=self._encode_ahead, name=f"nmt-encode-{name}", daemon=True)
+            threading.Thread(target=self._encode_ahead, name=f"nmt-encode-{self.name}", daemon=True)
             if encode_ahead
             else None
         )
@@ -238,7 +236,8 @@ class DecodingLoop:
     # Event-loop side: quick, never waits for the model.
 
     def start(self) -> None:
-        self._thread.start()
+        for worker in self.workers:
+            worker.thread.start()
         if self._encoder_thread is not None:
             self._encoder_thread.start()
 
@@ -248,8 +247,18 @@ class DecodingLoop:
 
     @property
     def running(self) -> int:
-        """Sentences in the running batches."""
-        return sum(len(batch) for batch in self._batches.values())
+        """Sentences in the workers' running batches."""
+        return sum(worker.running for worker in self.workers)
+
+    @property
+    def alive(self) -> bool:
+        """Whether a worker's thread still runs (none once closed and drained)."""
+        return any(worker.thread.is_alive() for worker in self.workers)
+
+    def work_once(self) -> bool:
+        """One turn of the first worker (Worker.work_once): for tests, which drive the loop
+        without threads."""
+        return self.workers[0].work_once()
 
     def submit(
         self,
@@ -278,7 +287,7 @@ class DecodingLoop:
                 raise ShuttingDown("the server is shutting down: no new work is accepted")
             self._queue.add(job, now, self._costs(job))
             self._report_depth()
-            self._work_arrived.notify()
+            self._work_arrived.notify()  # one idle worker (the busy ones look at each turn)
             if self._decoding:  # while nothing runs, the worker encodes
                 self._encoder_wanted.notify()
         return job
@@ -294,9 +303,10 @@ class DecodingLoop:
         """Refuse new work, finish what is queued, then stop the threads."""
         with self._lock:
             self._closing = True
-            self._work_arrived.notify()
+            self._work_arrived.notify_all()
             self._encoder_wanted.notify()
-        for thread in (self._thread, self._encoder_thread):
+        threads = [worker.thread for worker in self.workers] + [self._encoder_thread]
+        for thread in threads:
             if thread is not None and thread.is_alive():
                 thread.join(timeout)
 
@@ -308,235 +318,20 @@ class DecodingLoop:
         batch = self._pricing[job.key]
         return [batch.cost_of(Sentence(source, job.options)) for source in job.sources]
 
-    # Worker-thread side.
-
-    def _work(self) -> None:
-        while self._wait_for_work():
-            try:
-                self.work_once()
-            except Exception as error:  # a bug in the loop itself: fail what runs, go on
-                log.exception("batch worker error")
-                self._fail_running(error)
-
-    def _wait_for_work(self) -> bool:
-        """Sleep until there is something queued or running; False once closed and drained."""
-        if self.running:  # the running batches are this thread's: no lock to ask that
-            return True
-        with self._lock:
-            while not (self._queue or self.running):
-                if self._closing:
-                    return False
-                self._work_arrived.wait()
-            return True
-
-    def work_once(self) -> bool:
-        """One turn of the loop (see the module's docstring); False if there was nothing to
-        step. Called by the worker thread, or by tests directly (no thread, no sleep)."""
-        # Most turns of a busy batch find the queue empty: then the lock is not taken. (The
-        # queue's length is read without it; a sentence queued meanwhile joins next turn.)
-        queued = bool(self._queue)
-        if queued:
-            with self._lock:
-                self._drop_expired()
-        self._drop_abandoned()
-        joiners: list[QueuedSentence] = []
-        if queued:
-            with self._lock:
-                found = self._queue.take_joiners(self._rooms())
-                self._held_back, joiners = found.held_back, found.taken
-                if joiners:
-                    self._joined(joiners, self.clock())
-                    self._report_depth()
-        by_key: dict[Hashable, list[QueuedSentence]] = {}
-        for item in joiners:
-            by_key.setdefault(item.key, []).append(item)
-        for key, items in by_key.items():
-            self._join(key, items)
-            self._steps_since_join[key] = 0
-        if joiners:  # sentences may have started to run: those still queued can be encoded
-            self._note_decoding()
-        live = [key for key, batch in self._batches.items() if len(batch)]
-        if not live:
-            self._note_decoding()
-            return False
-        if (
-            self._step_together
-            and len(live) > 1
-            and sum(self._batches[key].rows for key in live) <= STEP_TOGETHER_ROWS
-        ):
-            left = self._step(live)
-        else:
-            left = self._step([self._oldest(live)])
-        if left:
-            self._note_decoding()
-        return True
+    # Workers' side, shared.
 
     def _note_decoding(self) -> None:
-        """Tell the encoder thread whether sentences run (`_decoding`); wake it when they
-        start to while others wait."""
-        decoding = self.running > 0
+        """Under the lock: tell the encoder thread whether sentences run in any worker
+        (`_decoding`); wake it when they start to while others wait."""
+        decoding = any(worker.decoding for worker in self.workers)
         if decoding != self._decoding:
-            with self._lock:
-                self._decoding = decoding
-                if decoding and self._queue:
-                    self._encoder_wanted.notify()
+            self._decoding = decoding
+            if decoding and self._queue:
+                self._encoder_wanted.notify()
 
-    def _rooms(self) -> dict[Hashable, Room]:
-        """Under the lock: room left in the running batch of every beam size that is queued
-        for; none in a batch that should run on a little longer before the next join (see
-        BatchLimits). A running batch may hold its join back for the encoder, but not two
-        turns in a row: where sentences keep arriving, another would be in the encoder at
-        every turn, and the join would wait for ever."""
-        rooms: dict[Hashable, Room] = {}
-        interactive = self._queue.interactive_waiting()
-        for key, count in self._queue.waiting().items():
-            batch = self._batch(key)
-            running = len(batch)
-            free = self.limits.max_sentences - running
-            # What counts is how many can join now, not how many wait: with a full queue and
-            # one free place, a join per leaver would copy the caches (and call the encoder
-            # for one sentence) at nearly every step.
-            # ... but a person waiting never waits for a document's rows to make a join
-            # worth its cost: they are background work (queue.py).
-            due = (
-                not running
-                or min(count, free) >= self.limits.join_ratio * running
-                or self._steps_since_join.get(key, 0) >= self.limits.join_max_steps
-                or (key in interactive and self._runs_background(key))
-            )
-            rooms[key] = Room(
-                sentences=free if due else 0,
-                tokens=self.limits.max_total_tokens - batch.reserved_tokens(),
-                empty=not running,
-                hold_for_encoding=bool(running) and key not in self._held_back,
-            )
-        return rooms
-
-    def _runs_background(self, key: Hashable) -> bool:
-        return any(item.job.background for item in self._running.get(key, {}))
-
-    def _batch(self, key: Hashable) -> DecodingBatch:
-        if key not in self._batches:
-            self._batches[key] = self._new_batch(key)
-        return self._batches[key]
-
-    def _oldest(self, live: list[Hashable]) -> Hashable:
-        """Of the beam sizes `live` (their batches not empty), the one whose running batch
-        holds the sentence queued first."""
-        if len(live) == 1:
-            return live[0]
-        oldest = {key: min(item.enqueued for item in self._running[key]) for key in live}
-        return min(oldest, key=oldest.__getitem__)
-
-    def _join(self, key: Hashable, items: list[QueuedSentence]) -> None:
-        items = [item for item in items if not item.job.closed]
-        if not items:
-            return
-        started = self.clock()
-        try:
-            # Only a join into an empty batch takes sentences still being encoded ahead (a
-            # running batch steps meanwhile: Room.hold_for_encoding): that is nearly done.
-            with self._lock:
-                while any(item.encoding for item in items):
-                    self._encodings_ended.wait()
-            ready = [item for item in items if item.encoded is not None]
-            for item in ready:
-                if isinstance(item.encoded, Exception):
-                    raise item.encoded
-            rest = [item for item in items if item.encoded is None]
-            items = ready + rest  # the order of rows in the batch does not matter
-            batch = self._batch(key)
-            sentences = [_sentence(item) for item in items]
-            encoded = [item.encoded for item in ready]
-            if rest:
-                encoding = self.clock()
-                encoded.append(batch.encode(sentences[len(ready) :]))
-                _trace_encoding(rest, encoding, self.clock())
-            for item in ready:
-                item.encoded = None  # its arrays are copied into the batch's
-            batch.join(sentences, encoded)
-            decoding = self.clock()
-        except Exception as error:
-            log.warning("joining %d sentences failed (%s); decoding them alone", len(items), error)
-            self._isolate(key, items)
-            return
-        running = self._running.setdefault(key, {})
-        for item in items:
-            running[item] = None
-            if item.job.started is None:
-                item.job.started = started
-            self._next_deadline = min(self._next_deadline, item.job.deadline)
-            if item.job.trace is not None:
-                item.job.trace.joined(item.index, started, decoding, item.tokens)
-        if self._observer:
-            self._observer.observe_join(
-                self.model,
-                waits=[started - item.enqueued for item in items],
-                input_tokens=sum(item.tokens for item in items),
-                seconds=self.clock() - started,
-            )
-
-    def _step(self, keys: list[Hashable]) -> bool:
-        """One decoder step of the running batches of `keys` (one, or several together);
-        True if sentences left them."""
-        batches = [self._batches[key] for key in keys]
-        for key in keys:
-            self._steps_since_join[key] = self._steps_since_join.get(key, 0) + 1
-        sentences = sum(len(batch) for batch in batches)
-        rows = sum(batch.rows for batch in batches)
-        reserved = sum(batch.reserved_tokens() for batch in batches)
-        started = self.clock()
-        try:
-            if len(batches) == 1:
-                finished = batches[0].step()
-            else:
-                finished = [f for ended in self._step_together(batches) for f in ended]
-        except Exception as error:
-            log.warning("a step of %d sentences failed (%s); decoding them alone", sentences, error)
-            for key in keys:
-                self._isolate(key, [])
-            return True
-        if self._observer:
-            self._observer.observe_step(
-                self.model,
-                sentences=sentences,
-                rows=rows,
-                reserved_tokens=reserved,
-                output_tokens=sum(len(f.hypotheses[0].tokens) for f in finished),
-                seconds=self.clock() - started,
-            )
-        self._settle(finished, [])
-        return bool(finished)
-
-    def _drop_abandoned(self) -> None:
-        """Rows of requests that were cancelled (client gone, or the request gave up) or are
-        past their deadline leave the running batches instead of being decoded for nobody.
-        Most turns nobody did: it looks only once a job was closed early or the earliest
-        running deadline passed (a look at every sentence each step cost 3-10 µs a step)."""
-        now = self.clock()
-        jobs_closed = self._jobs_closed  # read without the lock: a change shows next turn
-        if jobs_closed == self._jobs_closed_seen and now < self._next_deadline:
-            return
-        self._jobs_closed_seen = jobs_closed
-        for batch in self._batches.values():
-            if len(batch):
-                gone = batch.drop(lambda s: s.ticket.job.closed or s.ticket.job.deadline <= now)
-                if gone:
-                    self._settle([], gone)
-        self._next_deadline = min(
-            (item.job.deadline for running in self._running.values() for item in running),
-            default=math.inf,
-        )
-
-    def _settle(self, finished: list[Finished], gone: list[Finished]) -> None:
-        """Record who ended, answer the requests that are now complete, and answer 504 to
-        those whose sentences left because their deadline passed."""
-        if not (finished or gone):  # most steps: nobody ended (this runs at every step)
-            return
-        for ended in (finished, gone):
-            for done in ended:
-                item: QueuedSentence = done.sentence.ticket
-                self._running.get(item.key, {}).pop(item, None)
+    def _settle_jobs(self, finished: list[Finished], gone: list[Finished]) -> None:
+        """Answer the requests that are now complete (`finished` sentences ended), and 504 to
+        those whose sentences left because their deadline passed (`gone`)."""
         complete: list[Job] = []
         expired: dict[int, Job] = {}
         now = self.clock()
@@ -559,38 +354,6 @@ class DecodingLoop:
             self._observer.observe_left(self.model, "abandoned", len(gone))
         self._report_dropped("abandoned_in_batch", len(gone))
         self._answer(complete, list(expired.values()))
-
-    def _isolate(self, key: Hashable, joining: list[QueuedSentence]) -> None:
-        """The engine failed on a batch: start that beam size's batch afresh and decode each
-        of its sentences (and those that were joining) alone, to fail only the culprits."""
-        if self._observer:
-            self._observer.observe_batch_failure(self.model)
-        self._batches.pop(key, None)
-        # `joining` are not in `_running` yet, even where a join failed midway: each
-        # sentence is decoded (and answered) once.
-        items = [*self._running.pop(key, {}), *joining]
-        for item in items:
-            if item.job.closed:
-                continue
-            alone = self._new_batch(key)
-            try:
-                alone.join([_sentence(item)])
-                finished: list[Finished] = []
-                while len(alone):
-                    finished += alone.step()
-            except Exception as error:
-                self._fail(item, error)
-                if self._observer:
-                    self._observer.observe_left(self.model, "failed", 1)
-                continue
-            self._settle(finished, [])
-
-    def _fail_running(self, error: Exception) -> None:
-        self._batches = {}
-        running, self._running = self._running, {}
-        for items in running.values():
-            for item in items:
-                self._fail(item, error)
 
     def _fail(self, item: QueuedSentence, error: Exception) -> None:
         log.warning("engine failed on one sentence (%d tokens): %s", item.tokens, error)
@@ -709,6 +472,301 @@ class DecodingLoop:
     def _report_dropped(self, reason: str, count: int) -> None:
         if self._observer:
             self._observer.observe_dropped(self.model, reason, count)
+
+
+class Worker:
+    """One decoding thread of a loop: its running batches (one per beam size), what runs in
+    them, and its turns (`work_once`). Everything here is this thread's alone; what it shares
+    with the other threads it reaches through the loop, under the loop's lock."""
+
+    def __init__(self, loop: DecodingLoop, number: int) -> None:
+        self.loop = loop
+        # By beam size: the running batches, what runs in each (their sentences' tickets, in
+        # joining order: a batch does not list them) and the steps since a join.
+        self._batches: dict[Hashable, DecodingBatch] = {}
+        self._running: dict[Hashable, dict[QueuedSentence, None]] = {}
+        self._steps_since_join: dict[Hashable, int] = {}
+        self._held_back: set[Hashable] = set()  # joins held back last turn, for the encoder
+        # What _drop_abandoned last saw: the count of jobs closed early, and the earliest
+        # deadline of a running sentence (may be earlier than any left: then it looks again).
+        self._jobs_closed_seen = 0
+        self._next_deadline = math.inf
+        self.decoding = False  # whether sentences run here (the loop's _decoding reads it)
+        suffix = f"-{number}" if number else ""
+        self.thread = threading.Thread(
+            target=self._work, name=f"nmt-batch-{loop.name}{suffix}", daemon=True
+        )
+
+    @property
+    def running(self) -> int:
+        """Sentences in this worker's running batches."""
+        return sum(len(batch) for batch in self._batches.values())
+
+    def _work(self) -> None:
+        while self._wait_for_work():
+            try:
+                self.work_once()
+            except Exception as error:  # a bug in the loop itself: fail what runs, go on
+                log.exception("batch worker error")
+                self._fail_running(error)
+
+    def _wait_for_work(self) -> bool:
+        """Sleep until there is something queued or running here; False once closed and
+        drained."""
+        if self.running:  # the running batches are this thread's: no lock to ask that
+            return True
+        loop = self.loop
+        with loop._lock:
+            while not (loop._queue or self.running):
+                if loop._closing:
+                    return False
+                loop._work_arrived.wait()
+            return True
+
+    def work_once(self) -> bool:
+        """One turn of the loop (see the module's docstring); False if there was nothing to
+        step. Called by the worker's thread, or by tests directly (no thread, no sleep)."""
+        loop = self.loop
+        # Most turns of a busy batch find the queue empty: then the lock is not taken. (The
+        # queue's length is read without it; a sentence queued meanwhile joins next turn.)
+        queued = bool(loop._queue)
+        if queued:
+            with loop._lock:
+                loop._drop_expired()
+        self._drop_abandoned()
+        joiners: list[QueuedSentence] = []
+        if queued:
+            with loop._lock:
+                found = loop._queue.take_joiners(self._rooms())
+                self._held_back, joiners = found.held_back, found.taken
+                if joiners:
+                    loop._joined(joiners, loop.clock())
+                    loop._report_depth()
+        by_key: dict[Hashable, list[QueuedSentence]] = {}
+        for item in joiners:
+            by_key.setdefault(item.key, []).append(item)
+        for key, items in by_key.items():
+            self._join(key, items)
+            self._steps_since_join[key] = 0
+        if joiners:  # sentences may have started to run: those still queued can be encoded
+            self._note_decoding()
+        live = [key for key, batch in self._batches.items() if len(batch)]
+        if not live:
+            self._note_decoding()
+            return False
+        if (
+            loop._step_together
+            and len(live) > 1
+            and sum(self._batches[key].rows for key in live) <= STEP_TOGETHER_ROWS
+        ):
+            left = self._step(live)
+        else:
+            left = self._step([self._oldest(live)])
+        if left:
+            self._note_decoding()
+        return True
+
+    def _note_decoding(self) -> None:
+        """Whether sentences run here; the loop tells the encoder thread when that changes."""
+        decoding = self.running > 0
+        if decoding != self.decoding:
+            with self.loop._lock:
+                self.decoding = decoding
+                self.loop._note_decoding()
+
+    def _rooms(self) -> dict[Hashable, Room]:
+        """Under the lock: room left in this worker's running batch of every beam size that is
+        queued for; none in a batch that should run on a little longer before the next join
+        (see BatchLimits). A running batch may hold its join back for the encoder, but not
+        two turns in a row: where sentences keep arriving, another would be in the encoder at
+        every turn, and the join would wait for ever."""
+        loop, limits = self.loop, self.loop.limits
+        rooms: dict[Hashable, Room] = {}
+        interactive = loop._queue.interactive_waiting()
+        for key, count in loop._queue.waiting().items():
+            batch = self._batch(key)
+            running = len(batch)
+            free = limits.max_sentences - running
+            # What counts is how many can join now, not how many wait: with a full queue and
+            # one free place, a join per leaver would copy the caches (and call the encoder
+            # for one sentence) at nearly every step.
+            # ... but a person waiting never waits for a document's rows to make a join
+            # worth its cost: they are background work (queue.py).
+            due = (
+                not running
+                or min(count, free) >= limits.join_ratio * running
+                or self._steps_since_join.get(key, 0) >= limits.join_max_steps
+                or (key in interactive and self._runs_background(key))
+            )
+            rooms[key] = Room(
+                sentences=free if due else 0,
+                tokens=limits.max_total_tokens - batch.reserved_tokens(),
+                empty=not running,
+                hold_for_encoding=bool(running) and key not in self._held_back,
+            )
+        return rooms
+
+    def _runs_background(self, key: Hashable) -> bool:
+        return any(item.job.background for item in self._running.get(key, {}))
+
+    def _batch(self, key: Hashable) -> DecodingBatch:
+        if key not in self._batches:
+            self._batches[key] = self.loop._new_batch(key)
+        return self._batches[key]
+
+    def _oldest(self, live: list[Hashable]) -> Hashable:
+        """Of the beam sizes `live` (their batches not empty), the one whose running batch
+        holds the sentence queued first."""
+        if len(live) == 1:
+            return live[0]
+        oldest = {key: min(item.enqueued for item in self._running[key]) for key in live}
+        return min(oldest, key=oldest.__getitem__)
+
+    def _join(self, key: Hashable, items: list[QueuedSentence]) -> None:
+        loop = self.loop
+        items = [item for item in items if not item.job.closed]
+        if not items:
+            return
+        started = loop.clock()
+        try:
+            # Only a join into an empty batch takes sentences still being encoded ahead (a
+            # running batch steps meanwhile: Room.hold_for_encoding): that is nearly done.
+            with loop._lock:
+                while any(item.encoding for item in items):
+                    loop._encodings_ended.wait()
+            ready = [item for item in items if item.encoded is not None]
+            for item in ready:
+                if isinstance(item.encoded, Exception):
+                    raise item.encoded
+            rest = [item for item in items if item.encoded is None]
+            items = ready + rest  # the order of rows in the batch does not matter
+            batch = self._batch(key)
+            sentences = [_sentence(item) for item in items]
+            encoded = [item.encoded for item in ready]
+            if rest:
+                encoding = loop.clock()
+                encoded.append(batch.encode(sentences[len(ready) :]))
+                _trace_encoding(rest, encoding, loop.clock())
+            for item in ready:
+                item.encoded = None  # its arrays are copied into the batch's
+            batch.join(sentences, encoded)
+            decoding = loop.clock()
+        except Exception as error:
+            log.warning("joining %d sentences failed (%s); decoding them alone", len(items), error)
+            self._isolate(key, items)
+            return
+        running = self._running.setdefault(key, {})
+        for item in items:
+            running[item] = None
+            if item.job.started is None:
+                item.job.started = started
+            self._next_deadline = min(self._next_deadline, item.job.deadline)
+            if item.job.trace is not None:
+                item.job.trace.joined(item.index, started, decoding, item.tokens)
+        if loop._observer:
+            loop._observer.observe_join(
+                loop.model,
+                waits=[started - item.enqueued for item in items],
+                input_tokens=sum(item.tokens for item in items),
+                seconds=loop.clock() - started,
+            )
+
+    def _step(self, keys: list[Hashable]) -> bool:
+        """One decoder step of the running batches of `keys` (one, or several together);
+        True if sentences left them."""
+        loop = self.loop
+        batches = [self._batches[key] for key in keys]
+        for key in keys:
+            self._steps_since_join[key] = self._steps_since_join.get(key, 0) + 1
+        sentences = sum(len(batch) for batch in batches)
+        rows = sum(batch.rows for batch in batches)
+        reserved = sum(batch.reserved_tokens() for batch in batches)
+        started = loop.clock()
+        try:
+            if len(batches) == 1:
+                finished = batches[0].step()
+            else:
+                finished = [f for ended in loop._step_together(batches) for f in ended]
+        except Exception as error:
+            log.warning("a step of %d sentences failed (%s); decoding them alone", sentences, error)
+            for key in keys:
+                self._isolate(key, [])
+            return True
+        if loop._observer:
+            loop._observer.observe_step(
+                loop.model,
+                sentences=sentences,
+                rows=rows,
+                reserved_tokens=reserved,
+                output_tokens=sum(len(f.hypotheses[0].tokens) for f in finished),
+                seconds=loop.clock() - started,
+            )
+        self._settle(finished, [])
+        return bool(finished)
+
+    def _drop_abandoned(self) -> None:
+        """Rows of requests that were cancelled (client gone, or the request gave up) or are
+        past their deadline leave the running batches instead of being decoded for nobody.
+        Most turns nobody did: it looks only once a job was closed early or the earliest
+        running deadline passed (a look at every sentence each step cost 3-10 µs a step)."""
+        now = self.loop.clock()
+        jobs_closed = self.loop._jobs_closed  # read without the lock: a change shows next turn
+        if jobs_closed == self._jobs_closed_seen and now < self._next_deadline:
+            return
+        self._jobs_closed_seen = jobs_closed
+        for batch in self._batches.values():
+            if len(batch):
+                gone = batch.drop(lambda s: s.ticket.job.closed or s.ticket.job.deadline <= now)
+                if gone:
+                    self._settle([], gone)
+        self._next_deadline = min(
+            (item.job.deadline for running in self._running.values() for item in running),
+            default=math.inf,
+        )
+
+    def _settle(self, finished: list[Finished], gone: list[Finished]) -> None:
+        """Record who ended here, then answer the requests that are now complete and 504 to
+        those whose sentences left because their deadline passed (the loop's jobs)."""
+        if not (finished or gone):  # most steps: nobody ended (this runs at every step)
+            return
+        for ended in (finished, gone):
+            for done in ended:
+                item: QueuedSentence = done.sentence.ticket
+                self._running.get(item.key, {}).pop(item, None)
+        self.loop._settle_jobs(finished, gone)
+
+    def _isolate(self, key: Hashable, joining: list[QueuedSentence]) -> None:
+        """The engine failed on a batch: start that beam size's batch afresh and decode each
+        of its sentences (and those that were joining) alone, to fail only the culprits."""
+        loop = self.loop
+        if loop._observer:
+            loop._observer.observe_batch_failure(loop.model)
+        self._batches.pop(key, None)
+        # `joining` are not in `_running` yet, even where a join failed midway: each
+        # sentence is decoded (and answered) once.
+        items = [*self._running.pop(key, {}), *joining]
+        for item in items:
+            if item.job.closed:
+                continue
+            alone = loop._new_batch(key)
+            try:
+                alone.join([_sentence(item)])
+                finished: list[Finished] = []
+                while len(alone):
+                    finished += alone.step()
+            except Exception as error:
+                loop._fail(item, error)
+                if loop._observer:
+                    loop._observer.observe_left(loop.model, "failed", 1)
+                continue
+            self._settle(finished, [])
+
+    def _fail_running(self, error: Exception) -> None:
+        self._batches = {}
+        running, self._running = self._running, {}
+        for items in running.values():
+            for item in items:
+                self.loop._fail(item, error)
 
 
 def _trace_encoding(items: list[QueuedSentence], started: float, ended: float) -> None:

@@ -610,6 +610,7 @@ class ModelRegistry:
             self.metrics,
             encode_ahead=settings.encodes_ahead,
             step_together=step_together,
+            workers=settings.decoding_workers,
         )
         loop.start()
         seconds = time.monotonic() - started

@@ -303,12 +303,22 @@ class Settings(BaseSettings):
         description="... or once this many decoder steps have passed since the last join "
         "(TGI's max_waiting_tokens); an empty batch takes them at once; 0 and 0: every step",
     )
+    decoding_workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="continuous batching: decoding threads per model, each with running "
+        "batches of its own from the one queue, on one engine (its weights once in memory); "
+        "ONNX Runtime lets go of the GIL while a graph runs, so N workers of NMT_THREADS=1 "
+        "take up to N cores; keep NMT_DECODING_WORKERS x NMT_THREADS within the cores",
+    )
     encode_ahead: Literal["auto", "true", "false"] = Field(
         "auto",
         description="continuous batching: a thread of its own, with one ONNX Runtime thread, "
         "encodes queued sentences while the running batch decodes (measured 1.05x-1.1x the "
         "requests/s with one engine thread, no gain with two on two cores); auto: on when "
-        "the engine has one thread; false: the decoding thread encodes them when they join",
+        "the engine has one thread and one decoding worker; false: the decoding thread "
+        "encodes them when they join",
     )
     max_queue_sentences: int = Field(
         1024,
@@ -346,10 +356,11 @@ class Settings(BaseSettings):
 
     @property
     def encodes_ahead(self) -> bool:
-        """NMT_ENCODE_AHEAD, with auto resolved: on with one engine thread, where a core is
-        left that the decoder does not use (docs/service.md, "Encoding ahead")."""
+        """NMT_ENCODE_AHEAD, with auto resolved: on with one engine thread and one decoding
+        worker, where a core is left that the decoder does not use (docs/service.md,
+        "Encoding ahead")."""
         if self.encode_ahead == "auto":
-            return self.engine_threads == 1
+            return self.engine_threads == 1 and self.decoding_workers == 1
         return self.encode_ahead == "true"
 
     @property

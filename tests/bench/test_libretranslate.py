@@ -66,9 +66,9 @@ def test_the_argos_package_of_our_checkpoint_translates_as_the_model_does(tmp_pa
 def test_both_servers_answer_the_same_scenario_without_failures(tmp_path):
     assert main(["--clients", "2", "--seconds", "3", "--configurations", "1", "--no-report"]) == 0
     results = json.loads((WORK / "results.json").read_text())
-    # ours, ours as two processes behind nginx (where nginx is installed: CI installs it), and
-    # one LibreTranslate configuration
-    assert len(results) == (3 if nginx_binary() else 2)
+    # ours, ours with two decoding workers, ours as two processes behind nginx (where nginx is
+    # installed: CI installs it), and one LibreTranslate configuration
+    assert len(results) == (4 if nginx_binary() else 3)
     for name, result in results.items():
         level = result["levels"]["2"]
         assert level["requests"] > 0, name
@@ -87,7 +87,7 @@ def test_another_checkpoint_is_served_by_both_servers(tmp_path):
     assert main([*argv, "--configurations", "1", "--no-replicas", "--no-report"]) == 0
     work = WORK / "checkpoints" / "fr-en-copy"
     results = json.loads((work / "results.json").read_text())
-    assert len(results) == 2
+    assert len(results) == 3  # ours, ours with 2 decoding workers, LibreTranslate
     for name, result in results.items():
         assert result["levels"]["1"]["requests"] > 0, name
         assert result["levels"]["1"]["failures"] == 0, name

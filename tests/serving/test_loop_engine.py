@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -27,15 +28,69 @@ def translator(fr_en_bundle: Path) -> Translator:
     return Translator(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
 
 
-def scheduler_for(translator: Translator, together: bool = True, **limits) -> DecodingLoop:
+def scheduler_for(
+    translator: Translator, together: bool = True, workers: int = 1, observer=None, **limits
+) -> DecodingLoop:
     """As the service makes it; `together`: small batches of different beam sizes step
     together (the service's way), else always apart."""
     return DecodingLoop(
         ("fr-en", ""),
         lambda beams: running_batch(translator.engine, beams),
         BatchLimits(**limits),
+        observer=observer,
+        encode_ahead=False,
         step_together=step_together if together else None,
+        workers=workers,
     )
+
+
+class StepThreads:
+    """A BatchObserver that notes which threads took decoder steps, and how many sentences
+    each step held."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+
+    def observe_step(self, model, sentences, rows, reserved_tokens, output_tokens, seconds):
+        with self._lock:
+            self.steps.setdefault(threading.current_thread().name, []).append(sentences)
+
+    def __getattr__(self, name: str):  # every other report: nothing to note
+        return lambda *args, **kwargs: None
+
+
+def test_two_workers_share_the_queue_and_every_sentence_decodes_as_alone(translator: Translator):
+    """Two decoding threads on one engine: requests of 1 to 3 sentences with mixed settings,
+    sent a few at a time, are taken by both workers (each from the one queue), and every
+    sentence comes out as it does alone."""
+    sources = translator.tokenizer.encode(FRENCH_SENTENCES)
+    rng = random.Random(2)
+    requests = [
+        ([rng.randrange(len(sources)) for _ in range(rng.randint(1, 3))], rng.choice(MIXED))
+        for _ in range(24)
+    ]
+    observer = StepThreads()
+    scheduler = scheduler_for(translator, workers=2, observer=observer, max_sentences=4)
+
+    async def main() -> list:
+        scheduler.start()
+        later = time.monotonic() + 600
+        try:
+            jobs = []
+            for indices, options in requests:
+                jobs.append(scheduler.submit([sources[i] for i in indices], options, later))
+                await asyncio.sleep(rng.expovariate(1 / 0.002))
+            return await asyncio.gather(*(job.future for job in jobs))
+        finally:
+            await asyncio.to_thread(scheduler.close, 60)
+
+    results = asyncio.run(main())
+    assert not scheduler.alive
+    for (indices, options), found in zip(requests, results, strict=True):
+        for index, hypotheses in zip(indices, found, strict=True):
+            assert same(hypotheses, alone(translator, sources[index], options))
+    assert set(observer.steps) == {"nmt-batch-fr-en", "nmt-batch-fr-en-1"}
 
 
 @pytest.mark.parametrize("together", [True, False], ids=["beam-sizes-together", "apart"])

@@ -142,7 +142,7 @@ def test_a_new_version_serves_after_load_and_the_old_one_is_unloaded(
         serving = registry.load("fr-en")
         assert serving.version == 2 and registry.get("fr", "en").version == 2
         wait_for(lambda: [v.version for v in registry.versions()] == [2])
-        assert not old.loop._thread.is_alive()  # its loop was closed
+        assert not old.loop.alive  # its loop was closed
         # Its gauges went with it (a stale one would count in every sum by model).
         metrics = registry.metrics
         assert metrics is not None
@@ -261,9 +261,9 @@ def test_a_retired_version_stays_open_while_a_request_holds_it(
             registry.load("fr-en")
             assert registry.get("fr", "en").version == 2
             time.sleep(0.2)
-            assert old.loop._thread.is_alive()  # held: not closed under the request
+            assert old.loop.alive  # held: not closed under the request
             assert [v.state for v in registry.versions()] == ["unloading", "ready"]
-        wait_for(lambda: not old.loop._thread.is_alive())
+        wait_for(lambda: not old.loop.alive)
         # A request that looked the old version up before the switch, and asks to hold it
         # only now that it is closed, gets the version that replaced it.
         with registry.lease(old) as held:
