@@ -55,12 +55,14 @@ def nginx_binary() -> str | None:
 # --- servers -------------------------------------------------------------------------------
 
 
-def start_server(model_dir: Path, log_dir: Path, threads: int, cpus: str | None = None) -> Server:
-    """`nmt serve` on a free loopback port; `cpus` pins it (taskset) to split the cores."""
+def start_server(
+    model_dir: Path, log_dir: Path, threads: int, cpus: str | None = None, workers: int = 1
+) -> Server:
+    """`nmt serve` on a free loopback port; `cpus` pins it (taskset) to split the cores;
+    `workers`: its model's decoding threads (NMT_DECODING_WORKERS)."""
     prefix = ["taskset", "-c", cpus] if cpus is not None else []
-    return harness.start_server(
-        model_dir, log_dir, prefix=prefix, threads=threads, **SERVER_SETTINGS
-    )
+    settings = {**SERVER_SETTINGS, "decoding_workers": workers}
+    return harness.start_server(model_dir, log_dir, prefix=prefix, threads=threads, **settings)
 
 
 def wait_for(server: Server, path: str) -> float:
@@ -504,9 +506,11 @@ class ReplicasReport:
         return statistics.median(r.sentences / r.seconds for r in self.runs[layout])
 
 
+# Per layout, its servers: (engine threads, cores, decoding workers)
 LAYOUTS = {
-    "1 process x 2 threads": [(2, "0,1")],
-    "2 processes x 1 thread": [(1, "0"), (1, "1")],
+    "1 process x 2 threads": [(2, "0,1", 1)],
+    "1 process x 2 decoding workers of 1 thread": [(1, "0,1", 2)],
+    "2 processes x 1 thread": [(1, "0", 1), (1, "1", 1)],
 }
 
 
@@ -519,7 +523,9 @@ def replicas(
     if os.cpu_count() is None or os.cpu_count() < 2:
         raise RuntimeError("the core split needs 2 cores")
     layouts = {
-        name: [start_server(model_dir, out, threads, cpus) for threads, cpus in spec]
+        name: [
+            start_server(model_dir, out, threads, cpus, workers) for threads, cpus, workers in spec
+        ]
         for name, spec in LAYOUTS.items()
     }
     sentences = 8

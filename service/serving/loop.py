@@ -542,6 +542,9 @@ class Worker:
                 if joiners:
                     loop._joined(joiners, loop.clock())
                     loop._report_depth()
+                    if loop._queue and len(loop.workers) > 1:
+                        # What this worker had no room for: another idle worker's to take.
+                        loop._work_arrived.notify()
         by_key: dict[Hashable, list[QueuedSentence]] = {}
         for item in joiners:
             by_key.setdefault(item.key, []).append(item)

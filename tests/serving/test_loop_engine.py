@@ -200,3 +200,26 @@ def test_test_2016_as_concurrent_requests_with_random_arrivals_and_mixed_options
             if not same(hypotheses, alone(translator, sources[index], options)):
                 differ.append(index)
     assert differ == []
+
+
+def test_a_request_larger_than_a_batch_is_shared_by_idle_workers(translator: Translator):
+    """One request of 8 sentences, batches of at most 4: the worker that takes the first four
+    wakes the idle one for the rest, and both decode at once."""
+    sources = translator.tokenizer.encode(FRENCH_SENTENCES[:8])
+    options = SearchOptions()
+    observer = StepThreads()
+    scheduler = scheduler_for(translator, workers=2, observer=observer, max_sentences=4)
+
+    async def main() -> list:
+        scheduler.start()
+        try:
+            job = scheduler.submit(sources, options, time.monotonic() + 600)
+            return await job.future
+        finally:
+            await asyncio.to_thread(scheduler.close, 60)
+
+    found = asyncio.run(main())
+    for source, hypotheses in zip(sources, found, strict=True):
+        assert same(hypotheses, alone(translator, source, options))
+    assert set(observer.steps) == {"nmt-batch-fr-en", "nmt-batch-fr-en-1"}
+    assert max(max(sizes) for sizes in observer.steps.values()) == 4
