@@ -508,6 +508,7 @@ class ReplicasReport:
 
 # Per layout, its servers: (engine threads, cores, decoding workers)
 LAYOUTS = {
+    "1 process x 1 thread (the default on 2 cores)": [(1, "0,1", 1)],
     "1 process x 2 threads": [(2, "0,1", 1)],
     "1 process x 2 decoding workers of 1 thread": [(1, "0,1", 2)],
     "2 processes x 1 thread": [(1, "0", 1), (1, "1", 1)],
