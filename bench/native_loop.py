@@ -87,7 +87,7 @@ class FirstStep:
         cache.reserve(1, self.limit)  # room for every position: the binding never changes
         start = np.array([engine.start_id], dtype=np.int64)
         result = engine.step(cache, start, top_k=1)
-        self.token, self.log_prob = int(result.top_ids[0, 0]), float(result.top_log_probs[0, 0])
+        self.token = int(result.top_ids[0, 0])
         self.io = cache.io
         self.run = functools.partial(engine.decoder.run_with_iobinding, cache.binding)
 
@@ -113,17 +113,14 @@ def python_loop(engine: Engine, source: list[int]) -> list[int]:
     first = FirstStep(engine, source)
     eos, limit, force = engine.eos_id, first.limit, engine.force_eos_at_limit
     target, positions = first.io["target_ids"], first.io["positions"]
-    best_ids, best_log_probs = first.io["top_ids"], first.io["top_log_probs"]
-    token, total, tokens = first.token, first.log_prob, [first.token]
+    best_ids = first.io["top_ids"]
+    token, tokens = first.token, [first.token]
     position = 1
     while token != eos and position < limit:
         target[0, 0], positions[0] = token, position
         first.run()
-        token, log_prob = int(best_ids[0, 0]), float(best_log_probs[0, 0])
-        if force and position + 1 >= limit:
-            token, log_prob = eos, 0.0
+        token = eos if force and position + 1 >= limit else int(best_ids[0, 0])
         tokens.append(token)
-        total += log_prob
         position += 1
     return tokens[:-1] if tokens[-1] == eos else tokens
 
