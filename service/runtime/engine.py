@@ -170,7 +170,7 @@ class Engine:
         grew) or other outputs are asked for.
         """
         rows = cache.rows
-        cache.reserve(rows, int(cache.positions.max(initial=0)) + 1)  # room for the new one
+        cache.reserve(rows, cache.longest + 1)  # room for the new one
         if self.shortlist is not None and cache.vocabulary is None:
             self._gather_vocabulary(cache)
         words = self.vocab_size if cache.vocabulary is None else len(cache.vocabulary)
@@ -192,7 +192,7 @@ class Engine:
                 outside = cache.vocabulary[places] != forced
                 io["forced_ids"][:] = places
         self.decoder.run_with_iobinding(cache.binding)
-        cache.positions = cache.positions + 1  # every row moves on by one
+        cache.advance()
         # Copies: the arrays are written again by the next step, the results are the caller's.
         result = StepResult(io["top_log_probs"].copy(), io["top_ids"].copy())
         if want_alignment:

@@ -64,10 +64,28 @@ class KVCache:
     # first of our rows in it. Our buffers are then views of its buffers, and the next step
     # together can go on from it without stacking them again (went_on_together).
     together: tuple[KVCache, int] | None = None
+    # positions.max() and the positions array it was worked out for (the property longest)
+    _longest: int = 0
+    _longest_of: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
         return len(self.positions)
+
+    @property
+    def longest(self) -> int:
+        """The longest row's cache length: positions.max(), worked out once per positions
+        array (a step asks for it, and only advance() or an assignment changes it)."""
+        if self._longest_of is not self.positions:
+            self._longest = int(self.positions.max(initial=0))
+            self._longest_of = self.positions
+        return self._longest
+
+    def advance(self) -> None:
+        """Every row moved on by one position (a decoder step wrote one more)."""
+        longest = self.longest + 1
+        self.positions = self.positions + 1
+        self._longest, self._longest_of = longest, self.positions
 
     @property
     def sources(self) -> int:
@@ -91,7 +109,7 @@ class KVCache:
             return
         new_rows = max(rows, 2 * shape[0] if rows > shape[0] else shape[0])
         new_length = max(length, 2 * shape[2] if length > shape[2] else shape[2], 16)
-        used, longest = self.rows, int(self.positions.max(initial=0))
+        used, longest = self.rows, self.longest
         grown = []
         for buffer in self.past:
             new = np.empty((new_rows, shape[1], new_length, shape[3]), dtype=buffer.dtype)
@@ -104,22 +122,25 @@ class KVCache:
     def select_rows(self, rows: np.ndarray) -> None:
         """Keep (and reorder) rows: rows[i] is the row that new row i continues (beam search
         reorders by beam origin; finished rows are left out). Only the rows that move are
-        copied, and only their real positions (the right side of the assignment is gathered
+        copied, and only the positions in use (the right side of the assignment is gathered
         first, so a row may move onto a place another row leaves)."""
         if len(rows) > self.past[0].shape[0]:
             self.reserve(len(rows), self.capacity)
         if len(rows) != self.rows:  # rows left: the next step together stacks them again
             self.together = None
             self.unbind()
-        positions = np.take(self.positions, rows)
         moved = np.flatnonzero(rows != np.arange(len(rows)))
         if len(moved):
-            origins = rows[moved]
-            longest = int(positions[moved].max())
+            # Up to the longest row's length: a moved row shorter than that brings positions
+            # past its own, which nothing reads (the beams of a sentence are as long).
+            longest = self.longest
             if longest:
+                origins = rows[moved]
                 for buffer in self.past:
                     buffer[moved, :, :longest] = buffer[origins, :, :longest]
-        self.positions = positions
+            self.positions = np.take(self.positions, rows)
+        elif len(rows) != self.rows:
+            self.positions = self.positions[: len(rows)].copy()
 
     def select_sources(self, sources: np.ndarray) -> None:
         """Keep the sources still being decoded (sources[i] is the source new source i was),
@@ -186,7 +207,7 @@ class KVCache:
             self.source_mask = _stacked([c.source_mask for c in caches], 1, width, slots=slots)
             self.rooms = [array.base for array in (*self.cross, self.source_mask)]
         start, total = self.rows, sum(cache.rows for cache in caches)
-        longest = max(int(cache.positions.max(initial=0)) for cache in caches)
+        longest = max(cache.longest for cache in caches)
         self.reserve(total, max(longest, self.capacity))
         _copy_caches(joining, into=self.past, start=start)
         self.positions = np.concatenate([cache.positions for cache in caches])
@@ -281,7 +302,7 @@ def _copy_caches(caches, into: list[np.ndarray], start: int) -> None:
     """Each cache's rows, one cache after the other from row `start` of the buffers `into`:
     their real positions only (what follows them is never read)."""
     for cache in caches:
-        length = int(cache.positions.max(initial=0))
+        length = cache.longest
         if length:
             for mine, theirs in zip(into, cache.past, strict=True):
                 mine[start : start + cache.rows, :, :length] = theirs[: cache.rows, :, :length]

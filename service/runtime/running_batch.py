@@ -22,7 +22,7 @@ limit, length penalty, n-best, repetition guard, alignment.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -64,61 +64,86 @@ def running_batch(engine: Engine, beam_size: int, words: TermWords | None = None
     return RunningBatch(engine, strategy_for(beam_size, words))
 
 
-@dataclass
+# Per live sentence, what its steps need in arrays: one record each, so that sentences
+# joining and leaving cost one concatenation or one gather for all of them.
+_PER_SENTENCE = np.dtype(
+    [
+        ("limit", np.int64),  # the most tokens it may produce (Sentence.limit)
+        ("joined", np.int64),  # the batch's clock when it joined (RunningBatch.steps)
+        ("penalty", np.float64),  # length penalty
+        ("repeats", np.int64),  # max_repeats (0: no repetition guard)
+        ("source_length", np.int64),
+        ("alignment", bool),  # wants its alignment
+        ("layer", np.int64),  # of that alignment, in 0 .. layers - 1
+        ("heads", bool),  # wants the alignment's heads apart
+        ("first", np.int64),  # its first token (SearchOptions.first_token), -1: none
+        ("confidence", bool),  # wants its token confidence
+    ]
+)
+
+
 class _PerSentence:
-    """Per live sentence, in row-group order (sentence j owns rows j*K .. j*K+K-1)."""
+    """Per live sentence, in row-group order (sentence j owns rows j*K .. j*K+K-1): the
+    fields of _PER_SENTENCE, each an array [sentences] (per_sentence.limit, ...)."""
 
-    limit: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    steps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    penalty: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    repeats: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    source_length: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    alignment: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    layer: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    heads: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    first: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # -1: none
-    confidence: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    def __init__(self) -> None:
+        self.table = np.zeros(0, dtype=_PER_SENTENCE)
+        self._sentences_changed([])
 
-    def __post_init__(self) -> None:
-        self._sentences_changed()
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name in _PER_SENTENCE.names:
+            return self.table[name]
+        raise AttributeError(name)
 
-    def _sentences_changed(self) -> None:
-        """What is asked at every step but changes only when sentences join or leave:
-        whether any sentence wants its alignment or the repetition guard, and the tokens the
-        sentences reserve (sources, and length limits: RunningBatch.reserved_tokens)."""
-        self.any_alignment = bool(self.alignment.any())
-        self.any_repeats = bool(self.repeats.any())
+    def _sentences_changed(self, live: list[Sentence]) -> None:
+        """What is asked at every step but changes only when sentences join or leave
+        (`live`: the batch's sentences now): whether any sentence wants its alignment or the
+        repetition guard, and the tokens the sentences reserve (sources, and length limits:
+        RunningBatch.reserved_tokens). From the sentences' options, in Python: a batch holds
+        a few dozen sentences at most, where an array operation costs more than a loop."""
+        options = [sentence.options for sentence in live]
+        self.any_alignment = any(o.alignment for o in options)
+        repeats = {o.max_repeats for o in options}
+        self.any_repeats = any(repeats)
         # The max_repeats of every sentence when they share one (None: they differ, or none)
-        shared = self.repeats.size and (self.repeats == self.repeats[0]).all()
-        self.one_repeats = int(self.repeats[0]) if shared else None
-        self.any_first = bool((self.first >= 0).any())
-        self.any_confidence = bool(self.confidence.any())
-        self.source_tokens = int(self.source_length.sum())
-        self.limit_tokens = int(self.limit.sum())
+        self.one_repeats = next(iter(repeats)) if len(repeats) == 1 else None
+        self.any_first = any(o.first_token is not None for o in options)
+        self.any_confidence = any(o.confidence for o in options)
+        self.source_tokens = sum(len(sentence.source) for sentence in live)
+        limit = self.table["limit"]
+        self.limit_tokens = int(limit.sum())
+        # The batch's clock at which the first sentence reaches its length limit: until then
+        # no step needs to look at the limits (RunningBatch.any_at_limit).
+        joined = self.table["joined"]
+        self.first_limit = int((joined + limit).min()) if len(live) else np.iinfo(np.int64).max
+        self.first_joined = int(joined.min()) if len(live) else 0  # the oldest sentence's
 
-    def append(self, engine: Engine, sentences: list[Sentence]) -> None:
-        def grow(old: np.ndarray, new: list) -> np.ndarray:
-            return np.concatenate([old, np.array(new, dtype=old.dtype)])
-
-        lengths = [len(s.source) for s in sentences]
-        self.limit = grow(self.limit, [s.limit(engine.max_positions) for s in sentences])
-        self.steps = grow(self.steps, [0] * len(sentences))
-        self.penalty = grow(self.penalty, [s.options.length_penalty for s in sentences])
-        self.repeats = grow(self.repeats, [s.options.max_repeats for s in sentences])
-        self.source_length = grow(self.source_length, lengths)
-        self.alignment = grow(self.alignment, [s.options.alignment for s in sentences])
+    def append(
+        self, engine: Engine, sentences: list[Sentence], clock: int, live: list[Sentence]
+    ) -> None:
+        """Records for `sentences`, joining at `clock`; `live`: every sentence after it."""
         layers = engine.layers
-        self.layer = grow(self.layer, [s.options.alignment_layer % layers for s in sentences])
-        self.heads = grow(self.heads, [s.options.alignment_heads for s in sentences])
-        firsts = [-1 if s.options.first_token is None else s.options.first_token for s in sentences]
-        self.first = grow(self.first, firsts)
-        self.confidence = grow(self.confidence, [s.options.confidence for s in sentences])
-        self._sentences_changed()
+        records = [
+            (
+                s.limit(engine.max_positions),
+                clock,
+                s.options.length_penalty,
+                s.options.max_repeats,
+                len(s.source),
+                s.options.alignment,
+                s.options.alignment_layer % layers,
+                s.options.alignment_heads,
+                -1 if s.options.first_token is None else s.options.first_token,
+                s.options.confidence,
+            )
+            for s in sentences
+        ]
+        self.table = np.concatenate([self.table, np.array(records, dtype=_PER_SENTENCE)])
+        self._sentences_changed(live)
 
-    def keep(self, kept: np.ndarray) -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name)[kept])
-        self._sentences_changed()
+    def keep(self, kept: np.ndarray, live: list[Sentence]) -> None:
+        self.table = self.table[kept]
+        self._sentences_changed(live)
 
 
 class RunningBatch:
@@ -129,6 +154,9 @@ class RunningBatch:
         self.strategy = strategy
         self.beams = strategy.beams  # K rows per sentence
         self.sentences: list[Sentence] = []  # live, in row-group order
+        # Steps this batch has taken: a sentence's steps are the clock less its clock when it
+        # joined (per_sentence.joined), so that a step counts for every sentence at once.
+        self.clock = 0
         self.per_sentence = _PerSentence()
         self.cache: KVCache | None = None
         # Per row: the tokens chosen so far, right-aligned like the cache (PADDING in front of
@@ -149,6 +177,17 @@ class RunningBatch:
     @property
     def rows(self) -> int:
         return len(self.sentences) * self.beams
+
+    @property
+    def steps(self) -> np.ndarray:
+        """[sentences]: the steps each sentence took part in, = the tokens each of its rows
+        produced (its first token's step included)."""
+        return self.clock - self.per_sentence.joined
+
+    def any_at_limit(self) -> bool:
+        """Whether a sentence has reached its length limit (only then does a step need
+        `steps >= limit`)."""
+        return self.clock >= self.per_sentence.first_limit
 
     def reserved_tokens(self) -> int:
         """What the batch may grow to hold: each sentence's source keys/values plus its rows'
@@ -223,7 +262,7 @@ class RunningBatch:
             self.sequences = np.concatenate([self.sequences, padding])
         self.feed = np.concatenate([self.feed, np.full(new_rows, self.engine.start_id)])
         self.sentences.extend(sentences)
-        self.per_sentence.append(self.engine, sentences)
+        self.per_sentence.append(self.engine, sentences, self.clock, self.sentences)
         if self.history is not None or any(s.options.alignment for s in sentences):
             self._grow_history(new_rows)
         if self.candidates is not None:
@@ -284,7 +323,7 @@ class RunningBatch:
             # (stepped together with another batch, S may be that batch's: padding here)
             step_weights[:, 0] = chosen[:, :, : step_weights.shape[3]]
             self.history = np.concatenate([self.history, step_weights], axis=1)
-        self.per_sentence.steps += 1
+        self.clock += 1
         if self.candidates is not None:
             # The model's own view, before a forced first token replaces it.
             self.candidates = self.candidates.appended(result.top_ids, result.top_log_probs)
@@ -300,7 +339,7 @@ class RunningBatch:
         term's tokens cannot start there), and the token counts as produced (length limit,
         length penalty)."""
         per = self.per_sentence
-        starting = np.flatnonzero((per.steps == 1) & (per.first >= 0))
+        starting = np.flatnonzero((self.steps == 1) & (per.first >= 0))
         if not len(starting):
             return result
         top_ids, top_log_probs = result.top_ids.copy(), result.top_log_probs.copy()
@@ -342,10 +381,8 @@ class RunningBatch:
         if not any(flags):  # most calls: nobody is gone
             return []
         gone = np.array(flags, dtype=bool)
-        dropped = [
-            Finished(self.sentences[j], [], int(self.per_sentence.steps[j]))
-            for j in np.flatnonzero(gone)
-        ]
+        steps = self.steps
+        dropped = [Finished(self.sentences[j], [], int(steps[j])) for j in np.flatnonzero(gone)]
         kept = np.flatnonzero(~gone)
         rows = (kept[:, None] * self.beams + np.arange(self.beams)[None, :]).reshape(-1)
         self.keep(kept, rows, self.feed[rows])
@@ -364,7 +401,7 @@ class RunningBatch:
             feed = feed.reshape(len(order), self.beams)[order].reshape(-1)
             self.strategy.kept(kept)
             self.sentences = [self.sentences[i] for i in kept]
-            self.per_sentence.keep(kept)
+            self.per_sentence.keep(kept, self.sentences)
         if not self.sentences:
             self.cache, self.history, self.candidates = None, None, None
             self.sequences = np.zeros((0, 0), dtype=np.int64)
@@ -375,12 +412,12 @@ class RunningBatch:
             self.cache.select_sources(kept)
         # A row's tokens (and alignment) are at most its sentence's last `steps` columns
         # (right-aligned): the columns in front of the longest are nobody's any more.
-        needed = int(self.per_sentence.steps.max())
+        needed = self.clock - self.per_sentence.first_joined
         cut = max(0, self.sequences.shape[1] - needed)
         self.sequences = self.sequences[rows, cut:]
         self.feed = feed
         if self.history is not None:
-            if self.per_sentence.alignment.any():
+            if self.per_sentence.any_alignment:
                 width = self.cache.source_mask.shape[1]
                 cut = max(0, self.history.shape[1] - needed)
                 self.history = np.ascontiguousarray(self.history[rows, cut:, :, :width])
@@ -395,7 +432,7 @@ class RunningBatch:
     def own(self, array: np.ndarray, row: int, sentence: int, count: int) -> np.ndarray:
         """The first `count` of a row's own columns (from the step its sentence joined) in a
         right-aligned per-row array whose last column is this step's."""
-        start = array.shape[1] - int(self.per_sentence.steps[sentence])
+        start = array.shape[1] - (self.clock - int(self.per_sentence.joined[sentence]))
         return array[row, start : start + count]
 
     def details_of(self, row: int, sentence: int, produced: list[int]) -> dict:

@@ -134,6 +134,8 @@ class GreedySearch(SearchStrategy):
         return 2 if batch.per_sentence.any_repeats else 1
 
     def choose(self, batch: RunningBatch, result: StepResult) -> list[Finished]:
+        # Most steps: every row takes its best token and nobody ends. What that costs is a
+        # handful of array operations; the rest is only done at the steps that need it.
         eos = batch.engine.eos_id
         best, best_log_prob = result.top_ids[:, 0], result.top_log_probs[:, 0]  # [rows]
         # Rows whose both choices would loop end before them (None unless a row can close a
@@ -150,21 +152,26 @@ class GreedySearch(SearchStrategy):
             best = np.where(use_second, second, best)
             best_log_prob = np.where(use_second, result.top_log_probs[:, 1], best_log_prob)
             stuck = first_loops & ~use_second
-        steps = batch.per_sentence.steps
-        at_limit = steps >= batch.per_sentence.limit
-        if batch.engine.force_eos_at_limit:  # </s> as the last token, scored 0 (as in HF)
-            best = np.where(at_limit, eos, best)
-            best_log_prob = np.where(at_limit, 0.0, best_log_prob)
-            if stuck is not None:
-                stuck &= ~at_limit
-        ended = (best == eos) | at_limit
+        ended = best == eos
+        if batch.any_at_limit():
+            at_limit = batch.steps >= batch.per_sentence.limit
+            if batch.engine.force_eos_at_limit:  # </s> as the last token, scored 0 (as in HF)
+                best = np.where(at_limit, eos, best)
+                best_log_prob = np.where(at_limit, 0.0, best_log_prob)
+                if stuck is not None:
+                    stuck &= ~at_limit
+            ended |= at_limit
         if stuck is not None:
             best_log_prob = np.where(stuck, 0.0, best_log_prob)
             ended |= stuck
         self.log_probs += best_log_prob
         batch.sequences = np.concatenate([batch.sequences, best[:, None]], axis=1)
+        if not ended.any():
+            batch.feed = best
+            return []
 
         finished = []
+        steps = batch.steps
         for row in np.flatnonzero(ended):
             # tokens, </s> included (a stuck row took none this step)
             produced = int(steps[row]) - int(stuck is not None and stuck[row])
@@ -176,11 +183,8 @@ class GreedySearch(SearchStrategy):
             score = float(self.log_probs[row] / max(produced, 1) ** penalty)
             hypothesis = Hypothesis(tokens, score, float(self.log_probs[row]), **details)
             finished.append(Finished(batch.sentences[row], [hypothesis], int(steps[row])))
-        if finished:
-            kept = np.flatnonzero(~ended)
-            batch.keep(kept, kept, best[kept])
-        else:
-            batch.feed = best
+        kept = np.flatnonzero(~ended)
+        batch.keep(kept, kept, best[kept])
         return finished
 
 
@@ -200,6 +204,7 @@ class BeamSearch(SearchStrategy):
         self.scores = np.zeros((0, beam_size))  # [sentences, K]: sum of log-probs so far
         self.finished: list[list[Hypothesis]] = []  # per sentence
         self.kth_best = np.zeros(0)  # score of the K-th best finished hypothesis, if K exist
+        self.any_complete = False  # whether a sentence has K finished hypotheses
 
     def joined(self, sentences: list[Sentence]) -> None:
         # Beam 0 starts at 0; the other K-1 copies at -inf, so that the first step ranks only
@@ -215,6 +220,7 @@ class BeamSearch(SearchStrategy):
         self.scores = self.scores[kept]
         self.finished = [self.finished[i] for i in kept]
         self.kth_best = self.kth_best[kept]
+        self.any_complete = bool(np.isfinite(self.kth_best).any())
 
     def top_k(self, batch: RunningBatch) -> int:
         # Each beam's K+1 best next tokens are enough: ranking a sentence's continuations stops
@@ -253,15 +259,15 @@ class BeamSearch(SearchStrategy):
     ) -> np.ndarray:
         """Which sentences are done [live], given the open beams' scores [live, K] after this
         step: also those with K hypotheses finished that no open beam can beat any more."""
-        complete = np.isfinite(self.kth_best)  # K hypotheses finished
-        if complete.any():
+        if self.any_complete:
+            complete = np.isfinite(self.kth_best)  # K hypotheses finished
             done = done | complete & (scores.max(axis=1) / length**penalty <= self.kth_best)
         return done
 
     def choose(self, batch: RunningBatch, result: StepResult) -> list[Finished]:
         eos, width = batch.engine.eos_id, self.beams
         live = len(batch.sentences)
-        length = batch.per_sentence.steps  # [live]: tokens in each open beam after this step
+        length = batch.steps  # [live]: tokens in each open beam after this step
         penalty = batch.per_sentence.penalty
         # Each beam's continuations [live, K, P]: its top-k words (P = K+1), and in a
         # constrained search the words its terms go on with; candidates [live, K, P]: the
@@ -275,8 +281,10 @@ class BeamSearch(SearchStrategy):
             closers = closers.reshape(live, width, 1, -1)
             closes = (closers == top_ids[..., None]).any(axis=3) & (top_ids != eos)
             candidates = np.where(closes, -np.inf, candidates)
-        at_limit = length >= batch.per_sentence.limit  # [live]
-        if batch.engine.force_eos_at_limit and at_limit.any():
+        # [live]: the sentences at their length limit (none at most steps)
+        reaching = batch.any_at_limit()
+        at_limit = length >= batch.per_sentence.limit if reaching else np.zeros(live, bool)
+        if reaching and batch.engine.force_eos_at_limit and at_limit.any():
             # At its limit a beam's one continuation is </s>, scored 0 (as in HF).
             top_ids = top_ids.copy()
             top_ids[at_limit, :, 0] = eos
@@ -290,7 +298,9 @@ class BeamSearch(SearchStrategy):
         top_row = first_row + top // per_beam  # the beam (row) each candidate continues
         top_token = top_ids.reshape(live, -1)[line, top]
         valid = top_scores > -np.inf
-        ends = valid & ((top_token == eos) | at_limit[:, None])
+        ends = valid & (top_token == eos)
+        if reaching:
+            ends |= valid & at_limit[:, None]
 
         # Candidates that end among the first K are finished hypotheses.
         for j, rank in zip(*np.nonzero(ends[:, :width]), strict=True):
@@ -305,6 +315,7 @@ class BeamSearch(SearchStrategy):
             self._finished_one(j, int(row - first_row[j, 0]), int(token))
             if len(self.finished[j]) >= width:
                 self.kth_best[j] = sorted(h.score for h in self.finished[j])[-width]
+                self.any_complete = True
 
         # The K best of the others stay open (fewer only when the sentence is done anyway).
         open_ = valid & ~ends
@@ -321,7 +332,7 @@ class BeamSearch(SearchStrategy):
             done = at_limit | ~picked.any(axis=1)
         self._advanced(next_rows - first_row, next_tokens)
         done = self._done(done, next_scores, length, penalty)
-        ended = np.flatnonzero(done)
+        ended = np.flatnonzero(done) if done.any() else ()
         # Done with nothing finished: every way on would have repeated an n-gram once too
         # often. Its best beam, as it stands, is its translation.
         for j in ended:
