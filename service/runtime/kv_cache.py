@@ -129,7 +129,7 @@ class KVCache:
         if len(rows) != self.rows:  # rows left: the next step together stacks them again
             self.together = None
             self.unbind()
-        moved = np.flatnonzero(rows != np.arange(len(rows)))
+        moved = (rows != np.arange(len(rows))).nonzero()[0]  # (np.flatnonzero: more Python)
         if len(moved):
             # Up to the longest row's length: a moved row shorter than that brings positions
             # past its own, which nothing reads (the beams of a sentence are as long).
