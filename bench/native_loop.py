@@ -19,6 +19,13 @@ Every sentence of the first `--sentences` lines of test_2016_flickr is translate
   each graph run (bench.cache_refill, bench.time_split);
 * CTranslate2 int8 on the same weights (bench.compare's conversion), one sentence a call.
 
+And beam 4, three ways: the product; a minimal beam search in Python over the same binding
+(per step: rank the beams' K+1 best words by score, keep the K best that do not end, move
+the caches of the beams that changed places, finish the hypotheses that end; the product's
+stopping rule and length penalty 1); CTranslate2 int8 beam 4 (patience 2, as bench.compare's
+"ctranslate2 int8"). What the product's beam search costs beyond the minimal one is what a
+leaner design of its bookkeeping could win at batch 1.
+
 The two loops start from the product's own engine: `Engine.start` encodes, the first
 `Engine.step` binds and feeds the start token; from the second step on each loop drives the
 binding itself. All four must write the same translation of every sentence (the product's
@@ -57,6 +64,7 @@ from service.runtime.translator import Translator
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = Path(__file__).with_name("native_loop.c")
 GREEDY = SearchOptions(beam_size=1)  # as bench.compare translates: no repetition guard
+BEAM = SearchOptions(beam_size=4)
 
 
 def build_extension(out_dir: Path) -> ModuleType:
@@ -147,8 +155,62 @@ def c_loop(native: ModuleType, engine: Engine, source: list[int]) -> list[int]:
     return tokens[:-1] if tokens[-1] == eos else tokens
 
 
-def ctranslate2_greedy(checkpoint: Path) -> Callable[[list[int], int], list[int]] | None:
-    """CTranslate2 int8 on the same weights, one sentence a call (None without ctranslate2)."""
+def beam_loop(engine: Engine, source: list[int], beams: int = 4) -> list[int]:
+    """Beam search of one sentence, minimal (length penalty 1, n-best 1, the product's
+    stopping rule: K hypotheses finished and no open beam, scored at its length, can beat
+    the K-th best of them; at the limit every candidate ends): tokens without </s>."""
+    ids, mask = pad_sources([source], engine.pad_id)
+    cache = engine.start(ids, mask, beams)
+    limit = length_limit(len(source), BEAM.max_length, engine.max_positions)
+    cache.reserve(beams, limit)  # room for every position: the binding never changes
+    feed = np.full(beams, engine.start_id, dtype=np.int64)
+    engine.step(cache, feed, top_k=beams + 1)  # binds, and takes the first step
+    io, eos, per_beam = cache.io, engine.eos_id, beams + 1
+    target, positions = io["target_ids"], io["positions"]
+    top_ids, top_log_probs = io["top_ids"], io["top_log_probs"]  # [K, K+1]
+    run = functools.partial(engine.decoder.run_with_iobinding, cache.binding)
+    scores = np.full(beams, -np.inf)
+    scores[0] = 0.0  # the other beams start as copies that cannot be ranked
+    sequences = np.zeros((beams, 0), dtype=np.int64)
+    identity = np.arange(beams)
+    finished: list[tuple[float, list[int]]] = []  # (score / length, tokens)
+    kth_best, length = -np.inf, 1
+    while True:
+        candidates = (scores[:, None] + top_log_probs).ravel()  # [K * (K+1)]
+        order = np.argsort(-candidates, kind="stable")[: 2 * beams]
+        ranked, words, rows = candidates[order], top_ids.ravel()[order], order // per_beam
+        ends = words[:beams] == eos
+        if length >= limit:
+            ends[:] = True
+        if ends.any():
+            for rank in np.flatnonzero(ends & (ranked[:beams] > -np.inf)):
+                word = int(words[rank])
+                tokens = sequences[rows[rank]].tolist() + ([] if word == eos else [word])
+                finished.append((float(ranked[rank]) / length, tokens))
+            if len(finished) >= beams:
+                kth_best = sorted(score for score, _ in finished)[-beams]
+            if length >= limit:
+                break
+            keep = np.flatnonzero(words != eos)[:beams]
+        else:
+            keep = slice(0, beams)
+        rows, feed, scores = rows[keep], words[keep], ranked[keep]
+        if len(finished) >= beams and scores.max() / length <= kth_best:
+            break
+        moved = np.flatnonzero(rows != identity)
+        if len(moved):  # the beams' caches follow them (all beams are `length` long)
+            for buffer in cache.past:
+                buffer[moved, :, :length] = buffer[rows[moved], :, :length]
+        sequences = np.concatenate([sequences[rows], feed[:, None]], axis=1)
+        target[:, 0], positions[:] = feed, length
+        run()
+        length += 1
+    return max(finished, key=lambda found: found[0])[1]
+
+
+def ctranslate2_int8(checkpoint: Path) -> Callable[..., list[int]] | None:
+    """CTranslate2 int8 on the same weights, one sentence a call: (source, limit, beam size)
+    -> tokens (None without ctranslate2)."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
@@ -164,7 +226,58 @@ def ctranslate2_greedy(checkpoint: Path) -> Callable[[list[int], int], list[int]
         "maps": {"pieces": pieces_by_our_id(checkpoint)},
     }
     runner = CTranslate2Runner(job)
-    return lambda source, limit: runner.translate([source], 1, limit)[0]
+    return lambda source, limit, beam=1: runner.translate([source], beam, limit)[0]
+
+
+def table_of(
+    ways: dict[str, Callable[[list[int], int], list[int]]],
+    sources: list[list[int]],
+    limits: list[int],
+    rounds: int,
+    with_ct2: bool,
+) -> str:
+    """Every way translates every sentence (the loops over our engine must agree with the
+    product exactly: they are the same search), then the ways take turns, `rounds` times;
+    the table of their tokens/s (</s> included), median of the rounds."""
+    outputs = {
+        name: [way(s, n) for s, n in zip(sources, limits, strict=True)]
+        for name, way in ways.items()
+    }
+    reference = outputs["product (Python search loop)"]
+    for name in ways:
+        if name != "CTranslate2 int8" and outputs[name] != reference:
+            raise RuntimeError(f"{name} translated differently from the product")
+    agree = {
+        name: sum(a == b for a, b in zip(out, reference, strict=True))
+        for name, out in outputs.items()
+    }
+    tokens = {name: sum(len(t) + 1 for t in out) for name, out in outputs.items()}  # + </s>
+
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    names = list(ways)
+    for turn in range(rounds):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            started = time.perf_counter()
+            for source, limit in zip(sources, limits, strict=True):
+                ways[name](source, limit)
+            seconds[name].append(time.perf_counter() - started)
+            print(f"round {turn + 1}: {name} {seconds[name][-1]:.2f} s", flush=True)
+
+    speed = {name: tokens[name] / statistics.median(seconds[name]) for name in ways}
+    product = speed["product (Python search loop)"]
+    rows = [
+        f"| {name} | {speed[name]:.0f} | {1e6 / speed[name]:.0f} | {speed[name] / product:.2f}x"
+        + (f" | {speed[name] / speed['CTranslate2 int8']:.2f}x" if with_ct2 else "")
+        + f" | {agree[name]} / {len(sources)} |"
+        for name in ways
+    ]
+    against_ct2 = " | against CTranslate2 int8" if with_ct2 else ""
+    header = [
+        f"| way | tokens/s | µs a token | against the product{against_ct2} | "
+        "same translation as the product |",
+        "|---|---:|---:|---:|" + ("---:|" if with_ct2 else "") + "---:|",
+    ]
+    return "\n".join([*header, *rows])
 
 
 def main() -> None:
@@ -193,54 +306,33 @@ def main() -> None:
         "minimal Python loop": lambda source, limit: python_loop(engine, source),
         "loop in C": lambda source, limit: c_loop(native, engine, source),
     }
-    ct2 = None if args.no_ctranslate2 else ctranslate2_greedy(args.checkpoint)
+    ct2 = None if args.no_ctranslate2 else ctranslate2_int8(args.checkpoint)
     if ct2 is not None:
         ways["CTranslate2 int8"] = ct2
 
-    outputs = {
-        name: [way(s, n) for s, n in zip(sources, limits, strict=True)]
-        for name, way in ways.items()
+    greedy = table_of(ways, sources, limits, args.rounds, "CTranslate2 int8" in ways)
+    beam_ways: dict[str, Callable[[list[int], int], list[int]]] = {
+        "product (Python search loop)": lambda source, limit: (
+            translator.translate_ids([source], BEAM, 1)[0][0].tokens
+        ),
+        "minimal Python beam search": lambda source, limit: beam_loop(engine, source, 4),
     }
-    reference = outputs["product (Python search loop)"]
-    # (The loops over our engine must agree exactly; CTranslate2 may differ on a few lines.)
-    for name in ("Engine.step, minimal loop", "minimal Python loop", "loop in C"):
-        if outputs[name] != reference:
-            raise RuntimeError(f"{name} translated differently from the product")
-    agree = {
-        name: sum(a == b for a, b in zip(out, reference, strict=True))
-        for name, out in outputs.items()
-    }
-    tokens = {name: sum(len(t) + 1 for t in out) for name, out in outputs.items()}  # + </s>
-
-    seconds: dict[str, list[float]] = {name: [] for name in ways}
-    names = list(ways)
-    for turn in range(args.rounds):
-        for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            started = time.perf_counter()
-            for source, limit in zip(sources, limits, strict=True):
-                ways[name](source, limit)
-            seconds[name].append(time.perf_counter() - started)
-            print(f"round {turn + 1}: {name} {seconds[name][-1]:.2f} s", flush=True)
-
-    speed = {name: tokens[name] / statistics.median(seconds[name]) for name in ways}
-    product = speed["product (Python search loop)"]
-    rows = [
-        f"| {name} | {speed[name]:.0f} | {1e6 / speed[name]:.0f} | {speed[name] / product:.2f}x"
-        + (f" | {speed[name] / speed['CTranslate2 int8']:.2f}x" if ct2 else "")
-        + f" | {agree[name]} / {len(sources)} |"
-        for name in ways
-    ]
-    against_ct2 = " | against CTranslate2 int8" if ct2 else ""
+    if ct2 is not None:
+        beam_ways["CTranslate2 int8"] = lambda source, limit: ct2(source, limit, 4)
+    beam = table_of(beam_ways, sources, limits, args.rounds, ct2 is not None)
     table = "\n".join(
         [
             f"Reproduce: `{reproduce('bench.native_loop')}` ({cpu_model()}; int8, one thread, "
-            f"greedy, batch 1: each of the first {len(sources)} lines of test_2016_flickr "
-            f"alone; median of {args.rounds} rounds, the ways taking turns)",
+            f"batch 1: each of the first {len(sources)} lines of test_2016_flickr alone; "
+            f"median of {args.rounds} rounds, the ways taking turns)",
             "",
-            f"| way | tokens/s | µs a token | against the product{against_ct2} | "
-            "same translation as the product |",
-            "|---|---:|---:|---:|" + ("---:|" if ct2 else "") + "---:|",
-            *rows,
+            "Greedy:",
+            "",
+            greedy,
+            "",
+            "Beam 4:",
+            "",
+            beam,
         ]
     )
     print(table)

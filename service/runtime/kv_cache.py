@@ -28,6 +28,7 @@ sentences join or half of them left, never at every step.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,7 +130,7 @@ class KVCache:
         if len(rows) != self.rows:  # rows left: the next step together stacks them again
             self.together = None
             self.unbind()
-        moved = (rows != np.arange(len(rows))).nonzero()[0]  # (np.flatnonzero: more Python)
+        moved = (rows != _identity(len(rows))).nonzero()[0]  # (np.flatnonzero: more Python)
         if len(moved):
             # Up to the longest row's length: a moved row shorter than that brings positions
             # past its own, which nothing reads (the beams of a sentence are as long).
@@ -291,6 +292,14 @@ class KVCache:
             return None
         previous.positions = np.concatenate([cache.positions for cache in caches])
         return previous
+
+
+@functools.cache
+def _identity(count: int) -> np.ndarray:
+    """0 .. count-1, made once per count (read-only: shared by every cache)."""
+    identity = np.arange(count)
+    identity.flags.writeable = False
+    return identity
 
 
 def empty_buffer(like: np.ndarray, rows: int) -> np.ndarray:

@@ -388,12 +388,12 @@ class RunningBatch:
         self.keep(kept, rows, self.feed[rows])
         return dropped
 
-    def keep(self, kept: np.ndarray, rows: np.ndarray, feed: np.ndarray) -> None:
-        """Keep sentences `kept` (ascending positions) with rows `rows` (row j continues old
-        row rows[j], so beams may be reordered) that feed `feed` next. The sentences after
-        the last kept place fill the places of those that left, so that the caches of the
-        others do not move (KVCache copies only what moves)."""
-        everyone = len(kept) == len(self.sentences)  # most steps: nobody left, none moves
+    def keep(self, kept: np.ndarray | None, rows: np.ndarray, feed: np.ndarray) -> None:
+        """Keep sentences `kept` (ascending positions; None: every one) with rows `rows` (row
+        j continues old row rows[j], so beams may be reordered) that feed `feed` next. The
+        sentences after the last kept place fill the places of those that left, so that the
+        caches of the others do not move (KVCache copies only what moves)."""
+        everyone = kept is None or len(kept) == len(self.sentences)  # most steps: none left
         if not everyone:
             order = filling_holes(kept)
             kept = kept[order]
@@ -408,7 +408,7 @@ class RunningBatch:
             self.feed = np.zeros(0, dtype=np.int64)
             return
         self.cache.select_rows(rows)
-        if len(kept) < self.cache.sources:  # fewer: some left (else nothing moved)
+        if not everyone:  # some left (else no source moved)
             self.cache.select_sources(kept)
         # A row's tokens (and alignment) are at most its sentence's last `steps` columns
         # (right-aligned): the columns in front of the longest are nobody's any more.

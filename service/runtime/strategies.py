@@ -205,6 +205,7 @@ class BeamSearch(SearchStrategy):
         self.finished: list[list[Hypothesis]] = []  # per sentence
         self.kth_best = np.zeros(0)  # score of the K-th best finished hypothesis, if K exist
         self.any_complete = False  # whether a sentence has K finished hypotheses
+        self._line_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # _lines
 
     def joined(self, sentences: list[Sentence]) -> None:
         # Beam 0 starts at 0; the other K-1 copies at -inf, so that the first step ranks only
@@ -237,9 +238,14 @@ class BeamSearch(SearchStrategy):
         return result.top_log_probs.reshape(shape), result.top_ids.reshape(shape)
 
     def _allowed(
-        self, batch: RunningBatch, candidates: np.ndarray, words: np.ndarray, at_limit: np.ndarray
+        self,
+        batch: RunningBatch,
+        candidates: np.ndarray,
+        words: np.ndarray,
+        at_limit: np.ndarray | None,
     ) -> np.ndarray:
-        """candidates [live, K, P], -inf where a word may not follow its beam."""
+        """candidates [live, K, P], -inf where a word may not follow its beam (`at_limit`
+        [live]: the sentences at their length limit; None: none is)."""
         return candidates
 
     def _ranked(self, candidates: np.ndarray, words: np.ndarray) -> np.ndarray:
@@ -255,20 +261,31 @@ class BeamSearch(SearchStrategy):
         `word` last (None: the beam as it stood)."""
 
     def _done(
-        self, done: np.ndarray, scores: np.ndarray, length: np.ndarray, penalty: np.ndarray
-    ) -> np.ndarray:
-        """Which sentences are done [live], given the open beams' scores [live, K] after this
-        step: also those with K hypotheses finished that no open beam can beat any more."""
-        if self.any_complete:
-            complete = np.isfinite(self.kth_best)  # K hypotheses finished
-            done = done | complete & (scores.max(axis=1) / length**penalty <= self.kth_best)
-        return done
+        self, done: np.ndarray | None, scores: np.ndarray, batch: RunningBatch
+    ) -> np.ndarray | None:
+        """Which sentences are done [live] (None: none), given those done already (None:
+        none) and the open beams' scores [live, K] after this step: also those with K
+        hypotheses finished that no open beam can beat any more."""
+        if not self.any_complete:
+            return done
+        complete = np.isfinite(self.kth_best)  # K hypotheses finished
+        length, penalty = batch.steps, batch.per_sentence.penalty
+        beaten = complete & (scores.max(axis=1) / length**penalty <= self.kth_best)
+        return beaten if done is None else done | beaten
+
+    def _lines(self, live: int) -> tuple[np.ndarray, np.ndarray]:
+        """[live, 1]: each sentence's index (which indexes its own line of a [live, n]), and
+        its first row; made once per count of sentences (read-only)."""
+        if live not in self._line_arrays:
+            line = np.arange(live)[:, None]
+            first_row = line * self.beams
+            line.flags.writeable = first_row.flags.writeable = False
+            self._line_arrays[live] = line, first_row
+        return self._line_arrays[live]
 
     def choose(self, batch: RunningBatch, result: StepResult) -> list[Finished]:
         eos, width = batch.engine.eos_id, self.beams
         live = len(batch.sentences)
-        length = batch.steps  # [live]: tokens in each open beam after this step
-        penalty = batch.per_sentence.penalty
         # Each beam's continuations [live, K, P]: its top-k words (P = K+1), and in a
         # constrained search the words its terms go on with; candidates [live, K, P]: the
         # beam's score plus the log-prob of one of them.
@@ -281,31 +298,97 @@ class BeamSearch(SearchStrategy):
             closers = closers.reshape(live, width, 1, -1)
             closes = (closers == top_ids[..., None]).any(axis=3) & (top_ids != eos)
             candidates = np.where(closes, -np.inf, candidates)
-        # [live]: the sentences at their length limit (none at most steps)
-        reaching = batch.any_at_limit()
-        at_limit = length >= batch.per_sentence.limit if reaching else np.zeros(live, bool)
-        if reaching and batch.engine.force_eos_at_limit and at_limit.any():
+        # [live]: the sentences at their length limit (None before any sentence can be)
+        at_limit = batch.steps >= batch.per_sentence.limit if batch.any_at_limit() else None
+        if at_limit is not None and not at_limit.any():
+            at_limit = None
+        if at_limit is not None and batch.engine.force_eos_at_limit:
             # At its limit a beam's one continuation is </s>, scored 0 (as in HF).
             top_ids = top_ids.copy()
             top_ids[at_limit, :, 0] = eos
             candidates[at_limit, :, 0] = self.scores[at_limit]
             candidates[at_limit, :, 1:] = -np.inf
         candidates = self._allowed(batch, candidates, top_ids, at_limit).reshape(live, -1)
-        line = np.arange(live)[:, None]  # (indexes each sentence's own line of a [live, n])
+        line, first_row = self._lines(live)
         top = self._ranked(candidates, top_ids)[:, : 2 * width]  # [live, 2K]
         top_scores = candidates[line, top]
-        first_row = line * width
         top_row = first_row + top // per_beam  # the beam (row) each candidate continues
         top_token = top_ids.reshape(live, -1)[line, top]
+
+        # Most steps: each sentence's K best candidates are all real (not -inf) and none ends:
+        # they are its K beams, in rank order, and nobody is done but by the finished ones.
+        if (
+            at_limit is None
+            and not (top_token[:, :width] == eos).any()
+            and top_scores[:, width - 1].min() > -np.inf
+        ):
+            next_scores, next_rows = top_scores[:, :width], top_row[:, :width]
+            next_tokens = top_token[:, :width]
+            done = None
+        else:
+            next_scores, next_rows, next_tokens, done = self._finish(
+                batch, at_limit, top_scores, top_row, top_token
+            )
+        self._advanced(next_rows - first_row, next_tokens)
+        done = self._done(done, next_scores, batch)
+        ended = np.flatnonzero(done) if done is not None and done.any() else ()
+        # Done with nothing finished: every way on would have repeated an n-gram once too
+        # often. Its best beam, as it stands, is its translation.
+        for j in ended:
+            if self.finished[j]:
+                continue
+            length, penalty = int(batch.steps[j]), batch.per_sentence.penalty[j]
+            beam = int(np.argmax(self.scores[j]))
+            row, produced = j * width + beam, max(length - 1, 1)
+            score = float(self.scores[j, beam])
+            own = batch.sequences[row, batch.sequences.shape[1] - (length - 1) :]
+            details = batch.details_of(row, j, own.tolist())
+            normalized = score / produced**penalty
+            hypothesis = Hypothesis(own.tolist(), normalized, score, **details)
+            self.finished[j].append(hypothesis)
+            self._finished_one(j, beam, None)
+
+        steps = batch.steps if len(ended) else None
+        leaving = [
+            Finished(batch.sentences[j], self._n_best(batch, j), int(steps[j])) for j in ended
+        ]
+        # Reorder everything that belongs to a beam by the beam it came from; drop the done.
+        if len(ended):
+            kept = np.flatnonzero(~done)
+            rows, tokens = next_rows[kept].reshape(-1), next_tokens[kept].reshape(-1)
+        else:  # nobody left: all stay in place
+            kept = None
+            rows, tokens = next_rows.reshape(-1), next_tokens.reshape(-1)
+        self.scores = next_scores
+        batch.keep(kept, rows, tokens)
+        if batch.sentences:  # feed: the tokens, in the rows' new order
+            batch.sequences = np.concatenate([batch.sequences, batch.feed[:, None]], axis=1)
+        return leaving
+
+    def _finish(
+        self,
+        batch: RunningBatch,
+        at_limit: np.ndarray | None,
+        top_scores: np.ndarray,
+        top_row: np.ndarray,
+        top_token: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A step at which some sentence's K best candidates hold one that ends (</s>, or
+        the length limit) or one that cannot be taken (-inf): those that end among the K
+        best are finished hypotheses, and the K best of the others stay open (fewer only
+        when the sentence is done anyway). The ranked candidates [live, 2K]: their scores,
+        rows and tokens. Returns the new beams' scores, rows and tokens [live, K], and which
+        sentences are done [live]."""
+        eos, width = batch.engine.eos_id, self.beams
+        line, first_row = self._lines(len(batch.sentences))
+        length, penalty = batch.steps, batch.per_sentence.penalty  # [live]
         valid = top_scores > -np.inf
         ends = valid & (top_token == eos)
-        if reaching:
+        if at_limit is not None:
             ends |= valid & at_limit[:, None]
-
-        # Candidates that end among the first K are finished hypotheses.
         for j, rank in zip(*np.nonzero(ends[:, :width]), strict=True):
             row, token = top_row[j, rank], top_token[j, rank]
-            # (sequences lack this step's column until the beams are reordered below)
+            # (sequences lack this step's column until the beams are reordered)
             own = batch.sequences[row, batch.sequences.shape[1] - (length[j] - 1) :]
             body = own.tolist() + ([] if token == eos else [int(token)])
             score = float(top_scores[j, rank])
@@ -317,52 +400,16 @@ class BeamSearch(SearchStrategy):
                 self.kth_best[j] = sorted(h.score for h in self.finished[j])[-width]
                 self.any_complete = True
 
-        # The K best of the others stay open (fewer only when the sentence is done anyway).
         open_ = valid & ~ends
-        if open_[:, :width].all():  # most steps: the K best are all open, in rank order
-            next_scores, next_rows = top_scores[:, :width], top_row[:, :width]
-            next_tokens = top_token[:, :width]
-            done = at_limit.copy()
-        else:
-            pick = np.argsort(~open_, axis=1, kind="stable")[:, :width]  # open first, by rank
-            picked = open_[line, pick]  # [live, K]
-            next_scores = np.where(picked, top_scores[line, pick], -np.inf)
-            next_rows = np.where(picked, top_row[line, pick], first_row)
-            next_tokens = np.where(picked, top_token[line, pick], batch.engine.pad_id)
-            done = at_limit | ~picked.any(axis=1)
-        self._advanced(next_rows - first_row, next_tokens)
-        done = self._done(done, next_scores, length, penalty)
-        ended = np.flatnonzero(done) if done.any() else ()
-        # Done with nothing finished: every way on would have repeated an n-gram once too
-        # often. Its best beam, as it stands, is its translation.
-        for j in ended:
-            if self.finished[j]:
-                continue
-            beam = int(np.argmax(self.scores[j]))
-            row, produced = j * width + beam, max(int(length[j]) - 1, 1)
-            score = float(self.scores[j, beam])
-            own = batch.sequences[row, batch.sequences.shape[1] - (int(length[j]) - 1) :]
-            details = batch.details_of(row, j, own.tolist())
-            normalized = score / produced ** penalty[j]
-            hypothesis = Hypothesis(own.tolist(), normalized, score, **details)
-            self.finished[j].append(hypothesis)
-            self._finished_one(j, beam, None)
-
-        leaving = [
-            Finished(batch.sentences[j], self._n_best(batch, j), int(length[j])) for j in ended
-        ]
-        # Reorder everything that belongs to a beam by the beam it came from; drop the done.
-        if len(ended):
-            kept = np.flatnonzero(~done)
-            rows, tokens = next_rows[kept].reshape(-1), next_tokens[kept].reshape(-1)
-        else:  # nobody left: all stay in place
-            kept = np.arange(live)
-            rows, tokens = next_rows.reshape(-1), next_tokens.reshape(-1)
-        self.scores = next_scores
-        batch.keep(kept, rows, tokens)
-        if batch.sentences:  # feed: the tokens, in the rows' new order
-            batch.sequences = np.concatenate([batch.sequences, batch.feed[:, None]], axis=1)
-        return leaving
+        done = np.zeros(len(line), dtype=bool) if at_limit is None else at_limit.copy()
+        if open_[:, :width].all():  # the K best are all open, in rank order
+            return top_scores[:, :width], top_row[:, :width], top_token[:, :width], done
+        pick = np.argsort(~open_, axis=1, kind="stable")[:, :width]  # open first, by rank
+        picked = open_[line, pick]  # [live, K]
+        next_scores = np.where(picked, top_scores[line, pick], -np.inf)
+        next_rows = np.where(picked, top_row[line, pick], first_row)
+        next_tokens = np.where(picked, top_token[line, pick], batch.engine.pad_id)
+        return next_scores, next_rows, next_tokens, done | ~picked.any(axis=1)
 
     def _n_best(self, batch: RunningBatch, sentence: int) -> list[Hypothesis]:
         ranked = sorted(self.finished[sentence], key=lambda h: -h.score)
@@ -533,7 +580,11 @@ class ConstrainedBeamSearch(BeamSearch):
         return (written == (1 << len(self.terms[j])) - 1) & (current < 0)
 
     def _allowed(
-        self, batch: RunningBatch, candidates: np.ndarray, words: np.ndarray, at_limit: np.ndarray
+        self,
+        batch: RunningBatch,
+        candidates: np.ndarray,
+        words: np.ndarray,
+        at_limit: np.ndarray | None,
     ) -> np.ndarray:
         if not self.any_terms:
             return candidates
@@ -541,7 +592,7 @@ class ConstrainedBeamSearch(BeamSearch):
         for j, terms in enumerate(self.terms):
             if not terms:
                 continue
-            if not at_limit[j]:
+            if at_limit is None or not at_limit[j]:
                 unfinished = ~self._all_written(j, self.written[j], self.current[j])  # [K]
                 ends = unfinished[:, None] & (words[j] == eos)
                 candidates[j] = np.where(ends, -np.inf, candidates[j])
@@ -665,12 +716,15 @@ class ConstrainedBeamSearch(BeamSearch):
         self.kept_terms[j].append(kept)
 
     def _done(
-        self, done: np.ndarray, scores: np.ndarray, length: np.ndarray, penalty: np.ndarray
-    ) -> np.ndarray:
+        self, done: np.ndarray | None, scores: np.ndarray, batch: RunningBatch
+    ) -> np.ndarray | None:
         if not self.any_terms:
-            return super()._done(done, scores, length, penalty)
-        free = np.array([not terms for terms in self.terms])
-        done = done | (free & super()._done(np.zeros_like(done), scores, length, penalty))
+            return super()._done(done, scores, batch)
+        done = np.zeros(len(scores), dtype=bool) if done is None else done.copy()
+        plain = super()._done(None, scores, batch)  # (what decides for a sentence without terms)
+        if plain is not None:
+            done |= np.array([not terms for terms in self.terms]) & plain
+        length, penalty = batch.steps, batch.per_sentence.penalty
         for j, terms in enumerate(self.terms):
             found = zip(self.finished[j], self.kept_terms[j], strict=True)
             best = [h.score for h, kept in found if kept]

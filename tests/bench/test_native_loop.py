@@ -1,4 +1,5 @@
-"""bench/native_loop.py builds its C loop, checks that every loop translates as the product
+"""bench/native_loop.py builds its C loop, checks that every loop (greedy and beam 4)
+translates as the product
 and writes its section (a benchmark: its numbers are not checked, only that every way was
 timed and agreed)."""
 
@@ -13,7 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.native_loop import GREEDY, build_extension, c_loop, engine_step_loop, python_loop
+from bench.native_loop import (
+    BEAM,
+    GREEDY,
+    beam_loop,
+    build_extension,
+    c_loop,
+    engine_step_loop,
+    python_loop,
+)
 from service.runtime.bundle import load_bundle
 from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
@@ -34,6 +43,8 @@ def test_each_loop_translates_as_the_product(fr_en_bundle: Path, tmp_path: Path)
     for loop in (engine_step_loop, python_loop):
         assert [loop(engine, source) for source in sources] == expected
     assert [c_loop(native, engine, source) for source in sources] == expected
+    expected = [found[0].tokens for found in translator.translate_ids(sources, BEAM, 1)]
+    assert [beam_loop(engine, source) for source in sources] == expected
 
 
 def test_the_c_loop_stops_at_the_limit_and_passes_errors_on(tmp_path: Path) -> None:
@@ -78,4 +89,6 @@ def test_every_way_is_timed_and_written_between_the_markers(
         "Engine.step, minimal loop",
         "minimal Python loop",
         "loop in C",
+        "product (Python search loop)",
+        "minimal Python beam search",
     ]
