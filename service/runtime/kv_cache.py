@@ -120,11 +120,13 @@ class KVCache:
         self.together = None
         self.unbind()
 
-    def select_rows(self, rows: np.ndarray) -> None:
+    def select_rows(self, rows: np.ndarray, within_sources: bool = False) -> None:
         """Keep (and reorder) rows: rows[i] is the row that new row i continues (beam search
         reorders by beam origin; finished rows are left out). Only the rows that move are
         copied, and only the positions in use (the right side of the assignment is gathered
-        first, so a row may move onto a place another row leaves)."""
+        first, so a row may move onto a place another row leaves). `within_sources`: every
+        row stays among its own source's rows (beams reordered, nobody left), whose caches
+        are as long: the positions stay as they are."""
         if len(rows) > self.past[0].shape[0]:
             self.reserve(len(rows), self.capacity)
         if len(rows) != self.rows:  # rows left: the next step together stacks them again
@@ -139,7 +141,8 @@ class KVCache:
                 origins = rows[moved]
                 for buffer in self.past:
                     buffer[moved, :, :longest] = buffer[origins, :, :longest]
-            self.positions = np.take(self.positions, rows)
+            if not within_sources:
+                self.positions = np.take(self.positions, rows)
         elif len(rows) != self.rows:
             self.positions = self.positions[: len(rows)].copy()
 

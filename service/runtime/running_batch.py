@@ -407,7 +407,7 @@ class RunningBatch:
             self.sequences = np.zeros((0, 0), dtype=np.int64)
             self.feed = np.zeros(0, dtype=np.int64)
             return
-        self.cache.select_rows(rows)
+        self.cache.select_rows(rows, within_sources=everyone)
         if not everyone:  # some left (else no source moved)
             self.cache.select_sources(kept)
         # A row's tokens (and alignment) are at most its sentence's last `steps` columns

@@ -253,8 +253,9 @@ class BeamSearch(SearchStrategy):
         (ties: the lower index first)."""
         return np.argsort(-candidates, axis=1, kind="stable")
 
-    def _advanced(self, beams: np.ndarray, words: np.ndarray) -> None:
-        """The new beams [live, K]: each continues old beam beams[j, b] with words[j, b]."""
+    def _advanced(self, rows: np.ndarray, words: np.ndarray) -> None:
+        """The new beams [live, K]: each continues the beam of batch row rows[j, b] (beam
+        rows[j, b] - j*K of its sentence) with words[j, b]."""
 
     def _finished_one(self, j: int, beam: int, word: int | None) -> None:
         """Sentence j's hypothesis just finished: beam `beam` (before this step's move) with
@@ -329,7 +330,7 @@ class BeamSearch(SearchStrategy):
             next_scores, next_rows, next_tokens, done = self._finish(
                 batch, at_limit, top_scores, top_row, top_token
             )
-        self._advanced(next_rows - first_row, next_tokens)
+        self._advanced(next_rows, next_tokens)
         done = self._done(done, next_scores, batch)
         ended = np.flatnonzero(done) if done is not None and done.any() else ()
         # Done with nothing finished: every way on would have repeated an n-gram once too
@@ -406,6 +407,8 @@ class BeamSearch(SearchStrategy):
             return top_scores[:, :width], top_row[:, :width], top_token[:, :width], done
         pick = np.argsort(~open_, axis=1, kind="stable")[:, :width]  # open first, by rank
         picked = open_[line, pick]  # [live, K]
+        if picked.all():  # K open ones for every sentence
+            return top_scores[line, pick], top_row[line, pick], top_token[line, pick], done
         next_scores = np.where(picked, top_scores[line, pick], -np.inf)
         next_rows = np.where(picked, top_row[line, pick], first_row)
         next_tokens = np.where(picked, top_token[line, pick], batch.engine.pad_id)
@@ -670,9 +673,10 @@ class ConstrainedBeamSearch(BeamSearch):
             order[j] = order[j][[key[3] for key in sorted(keys)]]
         return order
 
-    def _advanced(self, beams: np.ndarray, words: np.ndarray) -> None:
+    def _advanced(self, rows: np.ndarray, words: np.ndarray) -> None:
         if not self.any_terms:
             return
+        beams = rows - self._lines(len(rows))[1]  # [live, K]: each one's old beam
         written, current, matched = self.written.copy(), self.current.copy(), self.matched.copy()
         just_written = np.full_like(self.just_written, -1)
         for j, terms in enumerate(self.terms):
