@@ -12,8 +12,8 @@ import pytest
 
 from service.runtime.engine import StepResult
 from service.runtime.kv_cache import KVCache
-from service.runtime.running_batch import PADDING
-from service.runtime.search import SearchOptions
+from service.runtime.running_batch import PADDING, running_batch
+from service.runtime.search import Finished, SearchOptions, Sentence
 from service.runtime.strategies import MAX_REPEAT_NGRAM, repeat_closers
 from service.runtime.translator import search
 
@@ -201,3 +201,32 @@ def test_every_sentence_gets_its_hypotheses_whatever_the_model_does(seed: int):
         for hypothesis in hypotheses:
             for n in range(1, MAX_REPEAT_NGRAM + 1):
                 assert longest_run(hypothesis.tokens, n) <= options.max_repeats
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_sentence_that_joins_later_stops_at_its_own_length_limit(beam: int):
+    """The batch counts its steps once for every sentence (its clock); a sentence's own count
+    starts at the step it joined, so each stops at its own limit, not the batch's."""
+    batch = running_batch(LoopingEngine(), beam)
+    source = [4] * 20 + [EOS]
+    ended: dict[str, Finished] = {}
+
+    def step() -> None:
+        for finished in batch.step():
+            ended[finished.sentence.ticket] = finished
+
+    batch.join([Sentence(source, SearchOptions(beam_size=beam, max_length=9), ticket="first")])
+    for _ in range(3):
+        step()
+    batch.join([Sentence(source, SearchOptions(beam_size=beam, max_length=4), ticket="later")])
+    while len(batch):
+        step()
+    steps = {ticket: finished.steps for ticket, finished in ended.items()}
+    tokens = {ticket: f.hypotheses[0].tokens for ticket, f in ended.items()}
+    if beam == 1:  # greedy never takes the </s> the loop avoids: each runs to its limit
+        assert steps == {"first": 9, "later": 4}
+        assert tokens == {"first": cycle(9), "later": cycle(4)}
+    else:  # a beam may finish a hypothesis earlier, never run past its limit
+        assert steps["first"] <= 9 and steps["later"] <= 4
+        assert len(tokens["first"]) <= 9 and len(tokens["later"]) <= 4
+        assert PADDING not in tokens["later"]  # only its own steps' tokens
