@@ -13,6 +13,7 @@ must appear) is a third one behind the same interface.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -55,6 +56,16 @@ def repeat_closers(sequences: np.ndarray, max_repeats: int) -> np.ndarray | None
         periodic = np.all(tail[:, n:] == tail[:, :-n], axis=1)
         closers[periodic, n - 1] = tail[periodic, span - n]
     return closers
+
+
+@functools.cache
+def _lines(live: int, beams: int) -> tuple[np.ndarray, np.ndarray]:
+    """[live, 1]: each sentence's index (which indexes its own line of a [live, n]), and its
+    first row with `beams` rows a sentence; made once per count (read-only: shared)."""
+    line = np.arange(live)[:, None]
+    first_row = line * beams
+    line.flags.writeable = first_row.flags.writeable = False
+    return line, first_row
 
 
 class SearchStrategy(ABC):
@@ -205,7 +216,6 @@ class BeamSearch(SearchStrategy):
         self.finished: list[list[Hypothesis]] = []  # per sentence
         self.kth_best = np.zeros(0)  # score of the K-th best finished hypothesis, if K exist
         self.any_complete = False  # whether a sentence has K finished hypotheses
-        self._line_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # _lines
 
     def joined(self, sentences: list[Sentence]) -> None:
         # Beam 0 starts at 0; the other K-1 copies at -inf, so that the first step ranks only
@@ -274,16 +284,6 @@ class BeamSearch(SearchStrategy):
         beaten = complete & (scores.max(axis=1) / length**penalty <= self.kth_best)
         return beaten if done is None else done | beaten
 
-    def _lines(self, live: int) -> tuple[np.ndarray, np.ndarray]:
-        """[live, 1]: each sentence's index (which indexes its own line of a [live, n]), and
-        its first row; made once per count of sentences (read-only)."""
-        if live not in self._line_arrays:
-            line = np.arange(live)[:, None]
-            first_row = line * self.beams
-            line.flags.writeable = first_row.flags.writeable = False
-            self._line_arrays[live] = line, first_row
-        return self._line_arrays[live]
-
     def choose(self, batch: RunningBatch, result: StepResult) -> list[Finished]:
         eos, width = batch.engine.eos_id, self.beams
         live = len(batch.sentences)
@@ -310,7 +310,7 @@ class BeamSearch(SearchStrategy):
             candidates[at_limit, :, 0] = self.scores[at_limit]
             candidates[at_limit, :, 1:] = -np.inf
         candidates = self._allowed(batch, candidates, top_ids, at_limit).reshape(live, -1)
-        line, first_row = self._lines(live)
+        line, first_row = _lines(live, self.beams)
         top = self._ranked(candidates, top_ids)[:, : 2 * width]  # [live, 2K]
         top_scores = candidates[line, top]
         top_row = first_row + top // per_beam  # the beam (row) each candidate continues
@@ -333,12 +333,13 @@ class BeamSearch(SearchStrategy):
         self._advanced(next_rows, next_tokens)
         done = self._done(done, next_scores, batch)
         ended = np.flatnonzero(done) if done is not None and done.any() else ()
+        steps = batch.steps if len(ended) else None
         # Done with nothing finished: every way on would have repeated an n-gram once too
         # often. Its best beam, as it stands, is its translation.
         for j in ended:
             if self.finished[j]:
                 continue
-            length, penalty = int(batch.steps[j]), batch.per_sentence.penalty[j]
+            length, penalty = int(steps[j]), batch.per_sentence.penalty[j]
             beam = int(np.argmax(self.scores[j]))
             row, produced = j * width + beam, max(length - 1, 1)
             score = float(self.scores[j, beam])
@@ -349,7 +350,6 @@ class BeamSearch(SearchStrategy):
             self.finished[j].append(hypothesis)
             self._finished_one(j, beam, None)
 
-        steps = batch.steps if len(ended) else None
         leaving = [
             Finished(batch.sentences[j], self._n_best(batch, j), int(steps[j])) for j in ended
         ]
@@ -381,7 +381,7 @@ class BeamSearch(SearchStrategy):
         rows and tokens. Returns the new beams' scores, rows and tokens [live, K], and which
         sentences are done [live]."""
         eos, width = batch.engine.eos_id, self.beams
-        line, first_row = self._lines(len(batch.sentences))
+        line, first_row = _lines(len(batch.sentences), self.beams)
         length, penalty = batch.steps, batch.per_sentence.penalty  # [live]
         valid = top_scores > -np.inf
         ends = valid & (top_token == eos)
@@ -676,7 +676,7 @@ class ConstrainedBeamSearch(BeamSearch):
     def _advanced(self, rows: np.ndarray, words: np.ndarray) -> None:
         if not self.any_terms:
             return
-        beams = rows - self._lines(len(rows))[1]  # [live, K]: each one's old beam
+        beams = rows - _lines(len(rows), self.beams)[1]  # [live, K]: each one's old beam
         written, current, matched = self.written.copy(), self.current.copy(), self.matched.copy()
         just_written = np.full_like(self.just_written, -1)
         for j, terms in enumerate(self.terms):
