@@ -15,6 +15,8 @@ glossary row they change (glossaries.py).
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -137,12 +139,12 @@ def _sqlite_engine(url: URL) -> Engine:
         # never IMMEDIATE): the "begin" listener below begins every transaction itself.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         if not in_memory:
             # Readers do not block the writer nor it them; the file stays consistent when the
             # process is killed mid-transaction.
-            cursor.execute("PRAGMA journal_mode=WAL")
+            _use_write_ahead_log(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -151,6 +153,23 @@ def _sqlite_engine(url: URL) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if writing else "BEGIN")
 
     return engine
+
+
+def _use_write_ahead_log(cursor: sqlite3.Cursor) -> None:
+    """PRAGMA journal_mode=WAL, waiting (up to the busy timeout) for other connections.
+
+    Switching a new database to WAL fails with "database is locked" at once, without calling
+    the busy handler, while another connection holds a lock on it: replicas (or threads)
+    opening a fresh database together meet here. So this waits and tries again."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _postgres_engine(url: URL) -> Engine:
