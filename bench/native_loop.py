@@ -19,6 +19,13 @@ Every sentence of the first `--sentences` lines of test_2016_flickr is translate
   each graph run (bench.cache_refill, bench.time_split);
 * CTranslate2 int8 on the same weights (bench.compare's conversion), one sentence a call.
 
+Then a sentence's fixed cost: each sentence translated to its first token only (max
+length 1: the encoder, one decoder step, and the running batch's join, binding and finish),
+by the product and by CTranslate2 int8 (max_decoding_length 1), greedy and beam 4, taking
+turns; the product's time split into its encoder's and decoder's session calls (timed from
+outside, as bench.time_split does) and the rest. What the whole sentence loses beyond this is
+the per-step part.
+
 And beam 4, three ways: the product; a minimal beam search in Python over the same binding
 (per step: rank the beams' K+1 best words by score, keep the K best that do not end, move
 the caches of the beams that changed places, finish the hypotheses that end; the product's
@@ -51,6 +58,7 @@ from types import ModuleType
 import numpy as np
 
 from bench.report import cpu_model, replace_section, reproduce
+from bench.time_split import TimedSession
 from export.data import read_lines
 from export.train_config import multi30k_dir
 from nmt_contract import length_limit
@@ -280,6 +288,84 @@ def table_of(
     return "\n".join([*header, *rows])
 
 
+FIRST_TOKEN = 1  # max_length: the first token only
+
+
+def first_token_table(
+    translator: Translator,
+    ct2: Callable[..., list[int]] | None,
+    sources: list[list[int]],
+    rounds: int,
+) -> str:
+    """Each sentence translated alone to its first token, greedy and beam 4, by the product
+    (its encoder's and decoder's session calls timed from outside) and CTranslate2 int8,
+    taking turns `rounds` times: µs a sentence, medians of the rounds."""
+    engine = translator.engine
+    spent = {"decoder": 0.0, "encoder": 0.0, "steps": 0}
+    engine.encoder = TimedSession(engine.encoder, "encoder", spent)
+    engine.decoder = TimedSession(engine.decoder, "decoder", spent)
+    try:
+        rows = [first_token_row(translator, ct2, sources, rounds, beam, spent) for beam in (1, 4)]
+    finally:
+        engine.encoder, engine.decoder = engine.encoder.session, engine.decoder.session
+    header = "| search | product | its encoder | its decoder step | the rest"
+    rule = "|---|---:|---:|---:|---:|"
+    if ct2 is not None:
+        header += " | CTranslate2 int8 | product / CTranslate2 (time) | same first token"
+        rule += "---:|---:|---:|"
+    return "\n".join([header + " |", rule, *rows])
+
+
+def first_token_row(
+    translator: Translator,
+    ct2: Callable[..., list[int]] | None,
+    sources: list[list[int]],
+    rounds: int,
+    beam: int,
+    spent: dict[str, float],
+) -> str:
+    """One row of first_token_table; `spent`: what the engine's timed sessions add to."""
+    options = SearchOptions(beam_size=beam, max_length=FIRST_TOKEN)
+    per_sentence = 1e6 / len(sources)
+    parts: dict[str, list[float]] = {"all": [], "encoder": [], "decoder": [], "ct2": []}
+    firsts: dict[str, list[list[int]]] = {}
+
+    def product() -> None:
+        spent.update(decoder=0.0, encoder=0.0, steps=0)
+        started = time.perf_counter()
+        found = [translator.translate_ids([s], options, 1)[0][0].tokens for s in sources]
+        firsts["product"] = found
+        parts["all"].append((time.perf_counter() - started) * per_sentence)
+        parts["encoder"].append(spent["encoder"] * per_sentence)
+        parts["decoder"].append(spent["decoder"] * per_sentence)
+
+    def ctranslate2() -> None:
+        assert ct2 is not None
+        started = time.perf_counter()
+        firsts["ct2"] = [ct2(s, FIRST_TOKEN, beam) for s in sources]
+        parts["ct2"].append((time.perf_counter() - started) * per_sentence)
+
+    ways = [product] if ct2 is None else [product, ctranslate2]
+    for way in ways:  # warm-up
+        way()
+    for values in parts.values():
+        values.clear()
+    for turn in range(rounds):
+        for way in ways if turn % 2 == 0 else ways[::-1]:
+            way()
+    median = {name: statistics.median(values) for name, values in parts.items() if values}
+    rest = median["all"] - median["encoder"] - median["decoder"]
+    row = (
+        f"| {'greedy' if beam == 1 else f'beam {beam}'} | {median['all']:.0f} | "
+        f"{median['encoder']:.0f} | {median['decoder']:.0f} | {rest:.0f}"
+    )
+    if ct2 is not None:
+        same = sum(a == b for a, b in zip(firsts["product"], firsts["ct2"], strict=True))
+        ratio = statistics.median([a / b for a, b in zip(parts["all"], parts["ct2"], strict=True)])
+        row += f" | {median['ct2']:.0f} | {ratio:.2f}x | {same} / {len(sources)}"
+    return row + " |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bundle", type=Path, default=ROOT / "build/models/fr-en")
@@ -320,6 +406,7 @@ def main() -> None:
     if ct2 is not None:
         beam_ways["CTranslate2 int8"] = lambda source, limit: ct2(source, limit, 4)
     beam = table_of(beam_ways, sources, limits, args.rounds, ct2 is not None)
+    first_token = first_token_table(translator, ct2, sources, args.rounds)
     table = "\n".join(
         [
             f"Reproduce: `{reproduce('bench.native_loop')}` ({cpu_model()}; int8, one thread, "
@@ -333,6 +420,11 @@ def main() -> None:
             "Beam 4:",
             "",
             beam,
+            "",
+            "The first token alone, µs a sentence (the encoder, one decoder step, and the "
+            "running batch's join, binding and finish):",
+            "",
+            first_token,
         ]
     )
     print(table)

@@ -20,7 +20,9 @@ from bench.native_loop import (
     beam_loop,
     build_extension,
     c_loop,
+    ctranslate2_int8,
     engine_step_loop,
+    first_token_table,
     python_loop,
 )
 from service.runtime.bundle import load_bundle
@@ -92,3 +94,27 @@ def test_every_way_is_timed_and_written_between_the_markers(
         "product (Python search loop)",
         "minimal Python beam search",
     ]
+    # The first token alone: the product's time, its encoder, its decoder step, the rest.
+    number = r" \| (-?[0-9]+)"
+    first = re.findall(rf"^\| (greedy|beam 4){number * 4} \|$", text, re.M)
+    assert [row[0] for row in first] == ["greedy", "beam 4"]
+    for _, every, encoder, decoder, _rest in first:
+        assert 0 < int(encoder) < int(every) and 0 < int(decoder) < int(every)
+
+
+def test_the_first_token_is_timed_against_ctranslate2_and_the_sessions_put_back(
+    fr_en_bundle: Path,
+) -> None:
+    """With CTranslate2 on the same weights, both write every sentence's first token (the
+    same one), and the engine keeps its own sessions afterwards."""
+    ct2 = ctranslate2_int8(ROOT / "models" / "fr-en")
+    if ct2 is None:
+        pytest.skip("ctranslate2 is not installed")
+    translator = Translator(load_bundle(fr_en_bundle), EngineOptions(int8=True))
+    encoder, decoder = translator.engine.encoder, translator.engine.decoder
+    sources = translator.tokenizer.encode(["Un homme fait du vélo.", "Deux chiens jouent."])
+    table = first_token_table(translator, ct2, sources, rounds=1)
+    assert translator.engine.encoder is encoder and translator.engine.decoder is decoder
+    rows = table.splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == ["| greedy", "| beam 4"]
+    assert all(row.endswith("| 2 / 2 |") for row in rows)
