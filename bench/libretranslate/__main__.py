@@ -239,6 +239,8 @@ def run_locust(
     cpu_before = contender.cpu_seconds()
     finished = subprocess.run(command, env=environment, capture_output=True, text=True)
     cpu_used = contender.cpu_seconds() - cpu_before
+    if not Path(f"{prefix}_stats.csv").is_file():  # locust missing (`make loadtest` installs it)
+        raise RuntimeError(f"locust wrote no statistics: {finished.stderr[-2000:]}")
     with open(f"{prefix}_stats.csv") as stats:
         rows = list(csv.DictReader(stats))
     if not rows:
@@ -296,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minisbd-model", type=Path, help="a MiniSBD fr model (fr.onnx)")
     parser.add_argument("--libretranslate-venv", type=Path, default=WORK / "venv")
     parser.add_argument("--no-report", action="store_true", help="print, leave the docs alone")
+    parser.add_argument(
+        "--section",
+        default="libretranslate",
+        help="section of docs/benchmarks.md to write (e.g. one per CPU measured on)",
+    )
     args = parser.parse_args(argv)
     if not TRAIN_SOURCES.is_file():
         raise SystemExit(f"needs Multi30k's training sources (distinct sentences): {TRAIN_SOURCES}")
@@ -391,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     if not args.no_report:
-        replace_section("libretranslate", markdown)
+        replace_section(args.section, markdown)
     return 0
 
 

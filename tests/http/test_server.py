@@ -214,12 +214,14 @@ def test_a_request_past_its_deadline_gets_504_and_its_work_is_dropped(model_dir:
 
 def test_a_client_that_disconnects_has_its_queued_work_dropped(model_dir: Path, logs: Path):
     """One sentence per batch and a backlog ahead: the impatient client's sentences are still
-    queued when it hangs up, and must never be decoded."""
-    with running_server(model_dir, logs, max_batch_size=1) as server:
-        backlog = [body(SENTENCES[i : i + 3], beam_size=4) for i in range(12)]
+    queued when it hangs up, and must never be decoded. The backlog (108 sentences at beam 4,
+    every one decoded: no cache) lasts about a second on a fast CPU, several times the 0.3 s
+    the impatient client waits, so its sentences are still queued on any machine when it goes."""
+    with running_server(model_dir, logs, max_batch_size=1, cache_entries=0) as server:
+        backlog = [body(SENTENCES[i % 14 : i % 14 + 3], beam_size=4) for i in range(36)]
 
         async def scenario() -> None:
-            limits = httpx.Limits(max_connections=16, max_keepalive_connections=0)
+            limits = httpx.Limits(max_connections=48, max_keepalive_connections=0)
             async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as client:
                 busy = [
                     asyncio.ensure_future(client.post("/v1/translate", json=b)) for b in backlog
@@ -230,13 +232,14 @@ def test_a_client_that_disconnects_has_its_queued_work_dropped(model_dir: Path, 
                     await client.post(
                         "/v1/translate", json=body(SENTENCES[:4], beam_size=4), timeout=0.3
                     )
+                assert not all(t.done() for t in busy), "the backlog was gone before the hang-up"
                 assert all(r.status_code == 200 for r in await asyncio.gather(*busy))
 
         asyncio.run(scenario())
         samples = scrape(server.url)
         gone = {"model": "fr-en", "reason": "client_gone"}
         assert sample(samples, "nmt_dropped_sentences_total", **gone) == 4
-        assert sample(samples, "nmt_batch_joined_sentences_total", model="fr-en") == 12 * 3
+        assert sample(samples, "nmt_batch_joined_sentences_total", model="fr-en") == 36 * 3
         assert (
             sample(
                 samples, "nmt_requests_total", route="/v1/translate", model="fr-en", status="499"

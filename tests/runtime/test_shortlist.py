@@ -115,22 +115,36 @@ def test_a_shortlisted_step_is_the_torch_models_log_softmax_over_the_candidates(
     assert np.isneginf(log_probs[:, others]).all()  # words outside cannot be written
 
 
-def test_the_int8_shortlisted_step_scores_int8_columns_close_to_the_torch_model(
+def test_the_int8_shortlisted_step_scores_int8_columns_as_the_full_int8_step_does(
     tiny_checkpoint: Path, shortlist_bundle: Path
 ) -> None:
-    """The int8 step reads its candidates' columns quantized (a scale per word): close to
-    torch's log-softmax over the same candidates, as the other int8 graphs are to fp32."""
+    """The int8 step reads its candidates' columns quantized (a scale per word). Its scores
+    are the full-vocabulary int8 step's over the same candidates (the two graphs differ only
+    in the output projection), and as close to torch's log-softmax as that step's are.
+
+    (Why not torch alone: this random model's uniform weights make the int8 decoder layer
+    itself saturate on a CPU with AVX2 but no VNNI, where MLAS adds pairs of u8 x s8
+    products in 16 bits: there both int8 steps are about 1.1 from torch, on a CPU with VNNI
+    about 0.07; a trained model's weights seldom do, docs/performance.md.)"""
     model, _ = load_model_dir(tiny_checkpoint)
     bundle = load_bundle(shortlist_bundle)
     assert {"projection_int8", "projection_scale"} <= bundle.manifest["shortlist"].keys()
     engine = Engine(bundle, EngineOptions(shortlist=True, int8=True))
     assert engine.projection[0].dtype == np.int8 and engine.projection[1].shape == (400,)
+    full = Engine(bundle, EngineOptions(int8=True))
     sources = random_sources(3, 400, seed=8)
     source_ids, source_mask = pad_arrays(sources)
-    log_probs, _ = full_log_probs(
-        engine, engine.start(source_ids, source_mask), np.zeros(3, dtype=np.int64)
-    )
+    start = np.zeros(3, dtype=np.int64)
+    log_probs, _ = full_log_probs(engine, engine.start(source_ids, source_mask), start)
+    full_log_probs_, _ = full_log_probs(full, full.start(source_ids, source_mask), start)
     candidates = engine.shortlist.vocabulary_for(source_ids[source_mask])
+    over_candidates = full_log_probs_[:, candidates]
+    over_candidates -= np.logaddexp.reduce(over_candidates, axis=1, keepdims=True)
+    # (log-probs spread over about 5 here; the two projections' quantizations differ by
+    # about 0.04, and a wrong scale of 1.5x makes it 1.8)
+    assert np.abs(log_probs[:, candidates] - over_candidates).max() < 0.2
+    others = np.setdiff1d(np.arange(400), candidates)
+    assert np.isneginf(log_probs[:, others]).all()
     ids = torch.from_numpy(source_ids)
     with torch.no_grad():
         cross = model.cross_keys_values(model.encode(ids, ids != 0))
@@ -138,11 +152,8 @@ def test_the_int8_shortlisted_step_scores_int8_columns_close_to_the_torch_model(
             torch.zeros((3, 1), dtype=torch.long), model.empty_cache(3), cross, ids != 0
         )
     expected = torch.log_softmax(logits[:, -1, torch.from_numpy(candidates)], dim=-1).numpy()
-    # (log-probs spread over about 4.7 here; the int8 error is about 0.07, and a wrong scale
-    # of 1.5x makes it 1.8)
-    assert np.abs(log_probs[:, candidates] - expected).max() < 0.2
-    others = np.setdiff1d(np.arange(400), candidates)
-    assert np.isneginf(log_probs[:, others]).all()
+    int8_error = np.abs(over_candidates - expected).max()
+    assert np.abs(log_probs[:, candidates] - expected).max() < int8_error + 0.2
 
 
 def test_an_int8_shortlist_from_an_older_export_is_refused_saying_re_export(
