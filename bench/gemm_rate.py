@@ -5,7 +5,7 @@
 At 32 sentences a translation is mostly matmuls (int8 matmuls are 82% of the encoder in ONNX
 Runtime's profiler on an AMD EPYC with AVX2, 76% on an Intel Xeon with AMX), so how far one
 engine can get ahead of another that runs the same class of kernels is bounded by the
-kernels' rate. This measures it alone, outside any graph: for every
+kernels' rate. This measures it alone, away from the rest of a translation: for every
 distinct [K, N] weight of the bundle's int8 graphs (read from their MatMulInteger nodes) and
 for row counts a translation meets (1: a greedy step at batch 1; 4: a beam-4 step; 17: one
 sentence through the encoder; 128: a beam-4 step at batch 32; 640: the encoder at 32
