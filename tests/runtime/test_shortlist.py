@@ -136,9 +136,9 @@ def test_the_int8_shortlisted_step_scores_int8_columns_as_the_full_int8_step_doe
     source_ids, source_mask = pad_arrays(sources)
     start = np.zeros(3, dtype=np.int64)
     log_probs, _ = full_log_probs(engine, engine.start(source_ids, source_mask), start)
-    full_log_probs_, _ = full_log_probs(full, full.start(source_ids, source_mask), start)
+    full_scores, _ = full_log_probs(full, full.start(source_ids, source_mask), start)
     candidates = engine.shortlist.vocabulary_for(source_ids[source_mask])
-    over_candidates = full_log_probs_[:, candidates]
+    over_candidates = full_scores[:, candidates]
     over_candidates -= np.logaddexp.reduce(over_candidates, axis=1, keepdims=True)
     # (log-probs spread over about 5 here; the two projections' quantizations differ by
     # about 0.04, and a wrong scale of 1.5x makes it 1.8)
