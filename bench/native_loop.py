@@ -4,7 +4,7 @@ against the same steps driven by minimal Python loops and by a loop in C.
     python -m bench.native_loop [--bundle build/models/fr-en] [--sentences 200] [--rounds 5]
 
 Every sentence of the first `--sentences` lines of test_2016_flickr is translated alone
-(batch 1, greedy, int8, one thread), five ways, taking turns within each round:
+(batch 1, greedy, int8, one thread), five ways, taking turns on each sentence:
 
 * the product: `Translator.translate_ids` with one sentence, as bench.compare's "ours int8"
   runs it (the running batch, its strategy and bookkeeping, the engine's step);
@@ -37,8 +37,9 @@ The two loops start from the product's own engine: `Engine.start` encodes, the f
 `Engine.step` binds and feeds the start token; from the second step on each loop drives the
 binding itself. All four must write the same translation of every sentence (the product's
 greedy search without the repetition guard, as bench.compare runs it). Reported: tokens per
-second (</s> included) of each, the median of the rounds, and the ratios. Writes the
-"native-loop" section of docs/performance.md.
+second (</s> included) of each, from each sentence's median time over the rounds, and the
+ratios. Writes the "native-loop" section of docs/performance.md (`--section`: another one,
+e.g. one per CPU).
 """
 
 from __future__ import annotations
@@ -245,8 +246,8 @@ def table_of(
     with_ct2: bool,
 ) -> str:
     """Every way translates every sentence (the loops over our engine must agree with the
-    product exactly: they are the same search), then the ways take turns, `rounds` times;
-    the table of their tokens/s (</s> included), median of the rounds."""
+    product exactly: they are the same search), then the ways take turns on each sentence,
+    `rounds` times (in_turns); the table of their tokens/s (</s> included)."""
     outputs = {
         name: [way(s, n) for s, n in zip(sources, limits, strict=True)]
         for name, way in ways.items()
@@ -261,17 +262,14 @@ def table_of(
     }
     tokens = {name: sum(len(t) + 1 for t in out) for name, out in outputs.items()}  # + </s>
 
-    seconds: dict[str, list[float]] = {name: [] for name in ways}
-    names = list(ways)
-    for turn in range(rounds):
-        for name in names[turn % len(names) :] + names[: turn % len(names)]:
-            started = time.perf_counter()
-            for source, limit in zip(sources, limits, strict=True):
-                ways[name](source, limit)
-            seconds[name].append(time.perf_counter() - started)
-            print(f"round {turn + 1}: {name} {seconds[name][-1]:.2f} s", flush=True)
-
-    speed = {name: tokens[name] / statistics.median(seconds[name]) for name in ways}
+    seconds = in_turns(
+        {
+            name: [functools.partial(way, s, n) for s, n in zip(sources, limits, strict=True)]
+            for name, way in ways.items()
+        },
+        rounds,
+    )
+    speed = {name: tokens[name] / seconds[name].sum() for name in ways}
     product = speed["product (Python search loop)"]
     rows = [
         f"| {name} | {speed[name]:.0f} | {1e6 / speed[name]:.0f} | {speed[name] / product:.2f}x"
@@ -288,6 +286,31 @@ def table_of(
     return "\n".join([*header, *rows])
 
 
+def in_turns(calls: dict[str, list[Callable[[], object]]], rounds: int) -> dict[str, np.ndarray]:
+    """Time each way's calls (one per sentence, the same count for every way) with the ways
+    taking turns on each sentence, the first one rotating, `rounds` times: each sentence's
+    median over the rounds, [sentences] seconds per way.
+
+    Why per sentence: this machine's speed drifts within a minute, so whole passes taken in
+    turns (a second or two each) spread by as much as the gaps being measured (the product
+    against the Engine.step loop: 1.11x-1.41x, round by round, in one run of seven on an AMD
+    EPYC); calls milliseconds apart see the same machine. What still moves between runs is
+    the machine itself (1.19x and 1.25x in two runs minutes apart): compare within a run."""
+    names = list(calls)
+    count = len(calls[names[0]])
+    seconds = {name: np.zeros((rounds, count)) for name in names}
+    for turn in range(rounds):
+        started = time.perf_counter()
+        for index in range(count):
+            first = (turn + index) % len(names)
+            for name in names[first:] + names[:first]:
+                began = time.perf_counter()
+                calls[name][index]()
+                seconds[name][turn, index] = time.perf_counter() - began
+        print(f"round {turn + 1}: {time.perf_counter() - started:.1f} s", flush=True)
+    return {name: np.median(times, axis=0) for name, times in seconds.items()}
+
+
 FIRST_TOKEN = 1  # max_length: the first token only
 
 
@@ -299,7 +322,7 @@ def first_token_table(
 ) -> str:
     """Each sentence translated alone to its first token, greedy and beam 4, by the product
     (its encoder's and decoder's session calls timed from outside) and CTranslate2 int8,
-    taking turns `rounds` times: µs a sentence, medians of the rounds."""
+    taking turns on each sentence `rounds` times (in_turns): µs a sentence."""
     engine = translator.engine
     spent = {"decoder": 0.0, "encoder": 0.0, "steps": 0}
     engine.encoder = TimedSession(engine.encoder, "encoder", spent)
@@ -326,43 +349,50 @@ def first_token_row(
 ) -> str:
     """One row of first_token_table; `spent`: what the engine's timed sessions add to."""
     options = SearchOptions(beam_size=beam, max_length=FIRST_TOKEN)
-    per_sentence = 1e6 / len(sources)
-    parts: dict[str, list[float]] = {"all": [], "encoder": [], "decoder": [], "ct2": []}
-    firsts: dict[str, list[list[int]]] = {}
+    # Per sentence, each call's time in the encoder's and the decoder's session calls
+    inside: dict[str, list[list[float]]] = {"encoder": [], "decoder": []}
+    firsts: dict[str, list[list[int]]] = {"product": [[] for _ in sources]}
+    firsts["ct2"] = [[] for _ in sources]
 
-    def product() -> None:
+    def product(index: int) -> None:
         spent.update(decoder=0.0, encoder=0.0, steps=0)
-        started = time.perf_counter()
-        found = [translator.translate_ids([s], options, 1)[0][0].tokens for s in sources]
-        firsts["product"] = found
-        parts["all"].append((time.perf_counter() - started) * per_sentence)
-        parts["encoder"].append(spent["encoder"] * per_sentence)
-        parts["decoder"].append(spent["decoder"] * per_sentence)
+        found = translator.translate_ids([sources[index]], options, 1)
+        firsts["product"][index] = found[0][0].tokens
+        for part, times in inside.items():
+            times[index].append(spent[part])
 
-    def ctranslate2() -> None:
+    def ctranslate2(index: int) -> None:
         assert ct2 is not None
-        started = time.perf_counter()
-        firsts["ct2"] = [ct2(s, FIRST_TOKEN, beam) for s in sources]
-        parts["ct2"].append((time.perf_counter() - started) * per_sentence)
+        firsts["ct2"][index] = ct2(sources[index], FIRST_TOKEN, beam)
 
-    ways = [product] if ct2 is None else [product, ctranslate2]
-    for way in ways:  # warm-up
-        way()
-    for values in parts.values():
-        values.clear()
-    for turn in range(rounds):
-        for way in ways if turn % 2 == 0 else ways[::-1]:
-            way()
-    median = {name: statistics.median(values) for name, values in parts.items() if values}
-    rest = median["all"] - median["encoder"] - median["decoder"]
+    ways = {"product": product} if ct2 is None else {"product": product, "ct2": ctranslate2}
+    for times in inside.values():
+        times.extend([] for _ in sources)
+    for way in ways.values():  # warm-up
+        for index in range(len(sources)):
+            way(index)
+    for times in inside.values():
+        for each in times:
+            each.clear()
+    calls = {
+        name: [functools.partial(way, index) for index in range(len(sources))]
+        for name, way in ways.items()
+    }
+    seconds = in_turns(calls, rounds)
+    mean = {name: 1e6 * float(times.mean()) for name, times in seconds.items()}
+    part = {
+        name: 1e6 * float(np.mean([statistics.median(each) for each in times]))
+        for name, times in inside.items()
+    }
+    rest = mean["product"] - part["encoder"] - part["decoder"]
     row = (
-        f"| {'greedy' if beam == 1 else f'beam {beam}'} | {median['all']:.0f} | "
-        f"{median['encoder']:.0f} | {median['decoder']:.0f} | {rest:.0f}"
+        f"| {'greedy' if beam == 1 else f'beam {beam}'} | {mean['product']:.0f} | "
+        f"{part['encoder']:.0f} | {part['decoder']:.0f} | {rest:.0f}"
     )
     if ct2 is not None:
         same = sum(a == b for a, b in zip(firsts["product"], firsts["ct2"], strict=True))
-        ratio = statistics.median([a / b for a, b in zip(parts["all"], parts["ct2"], strict=True)])
-        row += f" | {median['ct2']:.0f} | {ratio:.2f}x | {same} / {len(sources)}"
+        ratio = mean["product"] / mean["ct2"]
+        row += f" | {mean['ct2']:.0f} | {ratio:.2f}x | {same} / {len(sources)}"
     return row + " |"
 
 
@@ -374,6 +404,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-ctranslate2", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/performance.md")
+    parser.add_argument("--section", default="native-loop", help="the section of --out to write")
     args = parser.parse_args()
 
     native = build_extension(ROOT / "build" / "native_loop")
@@ -411,7 +442,8 @@ def main() -> None:
         [
             f"Reproduce: `{reproduce('bench.native_loop')}` ({cpu_model()}; int8, one thread, "
             f"batch 1: each of the first {len(sources)} lines of test_2016_flickr alone; "
-            f"median of {args.rounds} rounds, the ways taking turns)",
+            f"the ways taking turns on each sentence, {args.rounds} rounds; each sentence's "
+            "median time)",
             "",
             "Greedy:",
             "",
@@ -428,7 +460,7 @@ def main() -> None:
         ]
     )
     print(table)
-    replace_section("native-loop", table, args.out)
+    replace_section(args.section, table, args.out)
 
 
 if __name__ == "__main__":
