@@ -4,7 +4,7 @@ against the same steps driven by minimal Python loops and by a loop in C.
     python -m bench.native_loop [--bundle build/models/fr-en] [--sentences 200] [--rounds 5]
 
 Every sentence of the first `--sentences` lines of test_2016_flickr is translated alone
-(batch 1, greedy, int8, one thread), five ways, taking turns on each sentence:
+(batch 1, greedy, int8, one thread), five ways, taking turns on every 20 sentences:
 
 * the product: `Translator.translate_ids` with one sentence, as bench.compare's "ours int8"
   runs it (the running batch, its strategy and bookkeeping, the engine's step);
@@ -37,7 +37,7 @@ The two loops start from the product's own engine: `Engine.start` encodes, the f
 `Engine.step` binds and feeds the start token; from the second step on each loop drives the
 binding itself. All four must write the same translation of every sentence (the product's
 greedy search without the repetition guard, as bench.compare runs it). Reported: tokens per
-second (</s> included) of each, from each sentence's median time over the rounds, and the
+second (</s> included) of each, from each stretch's median time over the rounds, and the
 ratios. Writes the "native-loop" section of docs/performance.md (`--section`: another one,
 e.g. one per CPU).
 """
@@ -246,8 +246,8 @@ def table_of(
     with_ct2: bool,
 ) -> str:
     """Every way translates every sentence (the loops over our engine must agree with the
-    product exactly: they are the same search), then the ways take turns on each sentence,
-    `rounds` times (in_turns); the table of their tokens/s (</s> included)."""
+    product exactly: they are the same search), then the ways take turns, `rounds` times
+    (in_turns); the table of their tokens/s (</s> included)."""
     outputs = {
         name: [way(s, n) for s, n in zip(sources, limits, strict=True)]
         for name, way in ways.items()
@@ -286,27 +286,37 @@ def table_of(
     return "\n".join([*header, *rows])
 
 
+TURN_SENTENCES = 20  # a way's turn: this many sentences in a row
+
+
 def in_turns(calls: dict[str, list[Callable[[], object]]], rounds: int) -> dict[str, np.ndarray]:
     """Time each way's calls (one per sentence, the same count for every way) with the ways
-    taking turns on each sentence, the first one rotating, `rounds` times: each sentence's
-    median over the rounds, [sentences] seconds per way.
+    taking turns on each stretch of TURN_SENTENCES sentences, the first one rotating, `rounds`
+    times: each stretch's median time over the rounds, [stretches] seconds per way.
 
-    Why per sentence: this machine's speed drifts within a minute, so whole passes taken in
+    Why stretches: this machine's speed drifts within a minute, so whole passes taken in
     turns (a second or two each) spread by as much as the gaps being measured (the product
     against the Engine.step loop: 1.11x-1.41x, round by round, in one run of seven on an AMD
-    EPYC); calls milliseconds apart see the same machine. What still moves between runs is
-    the machine itself (1.19x and 1.25x in two runs minutes apart): compare within a run."""
+    EPYC); stretches of about 100 ms see the same machine. Not single sentences: a way's
+    first call after another's turn finds its own memory out of the caches, and the ways that
+    drive our engine share its weights, CTranslate2 does not (bench.compare's worker, the same
+    choice). What still moves between runs is the machine itself: compare within a run."""
     names = list(calls)
     count = len(calls[names[0]])
-    seconds = {name: np.zeros((rounds, count)) for name in names}
+    stretches = [
+        range(start, min(start + TURN_SENTENCES, count))
+        for start in range(0, count, TURN_SENTENCES)
+    ]
+    seconds = {name: np.zeros((rounds, len(stretches))) for name in names}
     for turn in range(rounds):
         started = time.perf_counter()
-        for index in range(count):
-            first = (turn + index) % len(names)
+        for place, stretch in enumerate(stretches):
+            first = (turn + place) % len(names)
             for name in names[first:] + names[:first]:
                 began = time.perf_counter()
-                calls[name][index]()
-                seconds[name][turn, index] = time.perf_counter() - began
+                for index in stretch:
+                    calls[name][index]()
+                seconds[name][turn, place] = time.perf_counter() - began
         print(f"round {turn + 1}: {time.perf_counter() - started:.1f} s", flush=True)
     return {name: np.median(times, axis=0) for name, times in seconds.items()}
 
@@ -322,7 +332,7 @@ def first_token_table(
 ) -> str:
     """Each sentence translated alone to its first token, greedy and beam 4, by the product
     (its encoder's and decoder's session calls timed from outside) and CTranslate2 int8,
-    taking turns on each sentence `rounds` times (in_turns): µs a sentence."""
+    taking turns `rounds` times (in_turns): µs a sentence."""
     engine = translator.engine
     spent = {"decoder": 0.0, "encoder": 0.0, "steps": 0}
     engine.encoder = TimedSession(engine.encoder, "encoder", spent)
@@ -379,7 +389,7 @@ def first_token_row(
         for name, way in ways.items()
     }
     seconds = in_turns(calls, rounds)
-    mean = {name: 1e6 * float(times.mean()) for name, times in seconds.items()}
+    mean = {name: 1e6 * float(times.sum()) / len(sources) for name, times in seconds.items()}
     part = {
         name: 1e6 * float(np.mean([statistics.median(each) for each in times]))
         for name, times in inside.items()
@@ -442,8 +452,8 @@ def main() -> None:
         [
             f"Reproduce: `{reproduce('bench.native_loop')}` ({cpu_model()}; int8, one thread, "
             f"batch 1: each of the first {len(sources)} lines of test_2016_flickr alone; "
-            f"the ways taking turns on each sentence, {args.rounds} rounds; each sentence's "
-            "median time)",
+            f"the ways taking turns on every {TURN_SENTENCES} sentences, {args.rounds} rounds; "
+            "each stretch's median time)",
             "",
             "Greedy:",
             "",

@@ -14,11 +14,13 @@ layout.
 * CTranslate2: compute_type float32 and int8;
 * transformers: `generate` of MarianMTModel or M2M100ForConditionalGeneration (torch, fp32).
 
-Each engine runs in its own subprocess, one after the other, so that its peak memory (the
-process's resident-set high-water mark, `VmHWM`: interpreter, libraries, weights and
-working memory) is its own, and no engine warms the caches of the next. Sentences are sorted by
-length and cut into the same batches for every engine; each configuration is timed `--repeat`
-times after a warm-up batch and the median is kept. Tokens/s counts output tokens (one per
+Each engine runs in its own subprocess, so that its peak memory (the process's resident-set
+high-water mark, `VmHWM`: interpreter, libraries, weights and working memory) is its own.
+Sentences are sorted by length and cut into the same batches for every engine. The engines'
+processes are loaded at once and take turns on each stretch of 20 sentences (or one batch,
+where a batch holds more), the first one rotating, one process working at a time
+(`worker.spawn_interleaved`): a warm-up pass, then `--repeat` timed passes; a configuration's
+time is the sum of its stretches' median times. Tokens/s counts output tokens (one per
 produced token, plus one for </s>) over decoding time (encoder included, tokenization not).
 
 It also checks that the engines translate alike (beam 4, every line of the test set, each

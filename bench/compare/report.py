@@ -110,10 +110,11 @@ def speed_markdown(rows: list[dict], setup: dict, command: str, svg_name: str) -
         f"Reproduce: `{command}`",
         "",
         f"{setup['sentences']} lines of `{setup['data']}` (mean {setup['mean_source']:.1f} "
-        f"source tokens), {setup['threads']} thread(s) for every engine, median of "
-        f"{setup['repeat']} runs, {setup['cpu']}; {versions}. The engines take turns: each is "
-        "loaded in its own process, and they run one timed pass each, round after round, so "
-        "that the machine's drifts fall on all of them alike. Same weights: the checkpoint "
+        f"source tokens), {setup['threads']} thread(s) for every engine, {setup['repeat']} "
+        f"timed passes, {setup['cpu']}; {versions}. The engines take turns: each is loaded in "
+        "its own process, and they take turns on each stretch of 20 sentences (one batch at "
+        "batch 32), the first one rotating, so that the machine's drifts fall on all of them "
+        "alike; a pass's time is the sum of its stretches' medians. Same weights: the checkpoint "
         f"`{setup['checkpoint']}` as our ONNX bundle, as a Hugging Face directory "
         "(`nmt export-hf`: Marian's, or M2M-100's for a pre-norm model) and as a CTranslate2 "
         "model (`ct2-transformers-converter` of the Marian directory, else "

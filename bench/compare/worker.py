@@ -4,15 +4,22 @@ A fresh interpreter per engine keeps each one's peak memory its own and stops on
 warming the caches of the next. `spawn` runs in the parent; `run_worker` in the child.
 
 `spawn_interleaved` times several engines side by side: every engine's process is loaded at
-once and waits, and the parent has them take turns, one timed pass each, configuration by
-configuration and repeat by repeat. Only one process works at a time, and a slow spell of the
-machine (this one's speed drifts by 20% over a minute) falls on every engine's pass of that
-round instead of on whichever engine happened to run then.
+once and waits, and the parent has them take turns on each stretch of a pass (TURN_SENTENCES
+sentences, or one batch where a batch holds more), the first one rotating, configuration by
+configuration and repeat by repeat. Only one process works at a time, and each stretch's time
+is its median over the repeats. This machine's speed drifts by a tenth or more within a
+minute: taking turns on whole passes (a few seconds each) left two engines that decode alike
+1.12x apart at greedy batch 1 (CTranslate2's patience 1 and 2, one run on an AMD EPYC); turns
+of a few hundred milliseconds see the same machine. Not shorter: a call after another
+process's turn finds its weights out of the caches (a sentence took ours 1.08x-1.26x and
+CTranslate2 1.14x-1.15x its time after 64 MB were read, a scratch script), which a server
+decoding all the time does not pay at every call.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import statistics
@@ -26,6 +33,15 @@ from bench.compare.runners import ENGINES, RUNNERS, Runner
 
 ROOT = Path(__file__).resolve().parents[2]
 Call = tuple[list[int], int]  # the sentence indices of one engine call, and their length limit
+TURN_SENTENCES = 20  # an engine's turn: this many sentences' batches, or one batch
+
+
+def turns(sentences: int, batch: int) -> list[range]:
+    """The batches (by index, in order) of each turn of a pass over `sentences` sentences in
+    batches of `batch`."""
+    batches = math.ceil(sentences / batch)
+    per_turn = max(1, TURN_SENTENCES // batch)
+    return [range(start, min(start + per_turn, batches)) for start in range(0, batches, per_turn)]
 
 
 def make_job(
@@ -102,13 +118,18 @@ def spawn_interleaved(jobs: list[dict], work: Path) -> dict[str, dict]:
         )
         workers[job["name"]] = (process, result_path)
         _answer(process, job["name"])  # loaded: one at a time, so loads do not overlap either
-    runs = jobs[0]["runs"]
+    runs, names = jobs[0]["runs"], list(workers)
     for index, run in enumerate(runs):
-        for _ in range(run["repeat"] + 1):  # the first pass of each engine warms it up
-            for name, (process, _) in workers.items():
-                process.stdin.write(json.dumps({"run": index}) + "\n")
-                process.stdin.flush()
-                _answer(process, name)
+        stretches = len(turns(len(jobs[0]["sources"]), run["batch"]))
+        for turn in range(run["repeat"] + 1):  # the first pass of each engine warms it up
+            for chunk in range(stretches):
+                first = (turn + chunk) % len(names)
+                for name in names[first:] + names[:first]:
+                    process = workers[name][0]
+                    command = {"run": index, "chunk": chunk, "warm_up": turn == 0}
+                    process.stdin.write(json.dumps(command) + "\n")
+                    process.stdin.flush()
+                    _answer(process, name)
         for name in workers:
             print(f"  {name}: beam {run['beam']} batch {run['batch']} done", flush=True)
     results = {}
@@ -157,15 +178,20 @@ def _by_limit(indices: list[int], limits: list[int]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _calls(limits: list[int], batch: int, one_limit_per_call: bool) -> list[Call]:
-    """Every engine call of one pass, in order: batches of `batch`,
+def _batches(limits: list[int], batch: int, one_limit_per_call: bool) -> list[list[Call]]:
+    """The engine calls of one pass, batch by batch: batches of `batch` sentences in order,
     each split by `_by_limit` for an engine that must get each sentence's own limit."""
-    calls = []
+    batches = []
     for start in range(0, len(limits), batch):
         chunk = list(range(start, min(start + batch, len(limits))))
         groups = _by_limit(chunk, limits) if one_limit_per_call else [chunk]
-        calls += [(group, max(limits[i] for i in group)) for group in groups]
-    return calls
+        batches.append([(group, max(limits[i] for i in group)) for group in groups])
+    return batches
+
+
+def _calls(limits: list[int], batch: int, one_limit_per_call: bool) -> list[Call]:
+    """Every engine call of one pass, in order (`_batches`, one after the other)."""
+    return [call for calls in _batches(limits, batch, one_limit_per_call) for call in calls]
 
 
 def _timed(
@@ -191,20 +217,27 @@ def _timed(
     return seconds, outputs
 
 
-def _run_result(run: dict, seconds: list[float], outputs: list[list[int]]) -> dict:
-    """One configuration's result: its passes' times, their median, the outputs."""
+def _run_result(
+    run: dict, seconds: list[float], outputs: list[list[int]], median: float | None = None
+) -> dict:
+    """One configuration's result: its passes' times, the pass time reported (`median`; by
+    default the median of the passes), the outputs."""
+    if median is None:
+        median = statistics.median(seconds) if seconds else float("nan")
     return {
         **run,
         "seconds": seconds,
-        "median": statistics.median(seconds) if seconds else float("nan"),
+        "median": median,
         "tokens": sum(len(t) + 1 for t in outputs),  # + </s>
         "outputs": outputs,
     }
 
 
 def run_turns(job: dict, commands, answer) -> dict:
-    """The worker of `spawn_interleaved`: load the engine, then do one pass of a run per
-    command ({"run": i}; the first pass of each run is its warm-up) until {"finish": true}."""
+    """The worker of `spawn_interleaved`: load the engine, then translate one turn's batches of
+    a run per command ({"run": i, "chunk": c, "warm_up": bool}: the c-th of `turns`; the first
+    pass of each run is its warm-up) until {"finish": true}. A run's pass time is the sum of
+    its turns' median times."""
     started = time.perf_counter()
     runner = RUNNERS[job["spec"]["engine"]](job)
     load_seconds = time.perf_counter() - started
@@ -212,24 +245,37 @@ def run_turns(job: dict, commands, answer) -> dict:
     answer("loaded")
     sources, limits = job["sources"], job["limits"]
     ours = job["spec"]["engine"] == "ours"
-    passes: dict[int, list[float]] = {}
+    stretches: dict[int, list[list[Call]]] = {}  # per run: each turn's calls
+    times: dict[int, list[list[float]]] = {}  # per run and turn: its timed passes
     outputs: dict[int, list[list[int]]] = {}
     for line in commands:
         command = json.loads(line)
         if command.get("finish"):
             break
-        index = command["run"]
+        index, chunk = command["run"], command["chunk"]
         run = job["runs"][index]
-        calls = _calls(limits, run["batch"], run["exact_limits"] and not ours)
-        seconds, found = _timed(runner, sources, calls, run["beam"], 1, warm_up=False)
-        if index in outputs:  # the first pass was the warm-up
-            passes.setdefault(index, []).extend(seconds)
-        outputs[index] = found
+        if index not in stretches:
+            batches = _batches(limits, run["batch"], run["exact_limits"] and not ours)
+            stretches[index] = [
+                [call for b in turn for call in batches[b]]
+                for turn in turns(len(sources), run["batch"])
+            ]
+            times[index] = [[] for _ in stretches[index]]
+            outputs[index] = [[] for _ in sources]
+        begin = time.perf_counter()
+        for group, limit in stretches[index][chunk]:
+            found = runner.translate([sources[i] for i in group], run["beam"], limit)
+            for i, tokens in zip(group, found, strict=True):
+                outputs[index][i] = tokens
+        if not command.get("warm_up"):
+            times[index][chunk].append(time.perf_counter() - begin)
         answer("done")
-    results = [
-        _run_result(run, passes.get(index, []), outputs.get(index, []))
-        for index, run in enumerate(job["runs"])
-    ]
+    results = []
+    for index, run in enumerate(job["runs"]):
+        per_turn = times.get(index, [])
+        passes = [sum(pass_) for pass_ in zip(*per_turn, strict=True)] if per_turn else []
+        median = sum(statistics.median(each) for each in per_turn) if passes else None
+        results.append(_run_result(run, passes, outputs.get(index, []), median))
     return {
         "name": job["name"],
         "profile": None,

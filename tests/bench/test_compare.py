@@ -127,13 +127,18 @@ def test_report_and_chart_show_every_engine_and_search() -> None:
     assert len(bars) == len(ENGINES) * len(SEARCHES)
 
 
-def test_a_turn_taking_worker_times_every_pass_but_the_warm_up(monkeypatch) -> None:
-    """The worker of spawn_interleaved: one pass per command, the first of each run untimed."""
+def test_a_turn_taking_worker_times_every_batch_but_the_warm_up(monkeypatch) -> None:
+    """The worker of spawn_interleaved: one batch per command, the warm-up pass untimed; a
+    run's pass time is the sum of its batches' median times (not the median pass)."""
     import json
 
     from bench.compare import worker
 
     calls = []
+    # Each translate call takes the next of these many seconds on a fake clock: run 0's
+    # warm-up pass, then its three timed passes of two batches each; run 1's warm-up and two.
+    durations = iter([100, 200, 1, 30, 2, 10, 3, 20, 100, 5, 7])
+    now = [0.0]
 
     class CountingRunner:
         def __init__(self, job: dict) -> None:
@@ -141,25 +146,44 @@ def test_a_turn_taking_worker_times_every_pass_but_the_warm_up(monkeypatch) -> N
 
         def translate(self, sources, beam, limit):
             calls.append((len(sources), beam, limit))
+            now[0] += next(durations)
             return [list(reversed(s)) for s in sources]
 
+    monkeypatch.setattr(worker.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(worker, "TURN_SENTENCES", 2)  # a turn: one batch of 2, or of 3
     monkeypatch.setitem(worker.RUNNERS, "counting", CountingRunner)
     runs = [
-        {"beam": 1, "batch": 2, "repeat": 2, "exact_limits": False},
+        {"beam": 1, "batch": 2, "repeat": 3, "exact_limits": False},
         {"beam": 4, "batch": 3, "repeat": 2, "exact_limits": False},
     ]
     job = {"name": "counting", "spec": {"engine": "counting"}, "runs": runs}
     job |= {"sources": [[5, 6], [7], [8, 9, 10]], "limits": [4, 3, 5]}
-    commands = [json.dumps({"run": i}) for i in (0, 0, 0, 1, 1, 1)] + ['{"finish": true}']
+    # batch 2 over 3 sentences is two turns a pass, batch 3 one
+    commands = [
+        {"run": 0, "chunk": chunk, "warm_up": turn == 0} for turn in range(4) for chunk in (0, 1)
+    ]
+    commands += [{"run": 1, "chunk": 0, "warm_up": turn == 0} for turn in range(3)]
+    lines = [json.dumps(command) for command in commands] + ['{"finish": true}']
     answers = []
-    result = worker.run_turns(job, iter(commands), answers.append)
-    assert answers == ["loaded"] + ["done"] * 6
-    # batch 2 over 3 sentences is two calls a pass, batch 3 one call: 3 passes of each run
-    assert calls == [(2, 1, 4), (1, 1, 5)] * 3 + [(3, 4, 5)] * 3
+    result = worker.run_turns(job, iter(lines), answers.append)
+    assert answers == ["loaded"] + ["done"] * 11
+    assert calls == [(2, 1, 4), (1, 1, 5)] * 4 + [(3, 4, 5)] * 3
+    first, second = result["runs"]
     for run in result["runs"]:
-        assert len(run["seconds"]) == 2  # the warm-up pass is not among them
         assert run["outputs"] == [[6, 5], [7], [10, 9, 8]]
         assert run["tokens"] == 2 + 1 + 3 + 3  # every sentence's tokens and its </s>
+    assert first["seconds"] == [31, 12, 23]  # the warm-up pass is not among them
+    assert first["median"] == 2 + 20  # the batches' medians; the median pass would be 23
+    assert second["seconds"] == [5, 7]
+    assert second["median"] == 6
+
+
+def test_turns_hold_twenty_sentences_or_one_batch() -> None:
+    from bench.compare.worker import turns
+
+    assert turns(45, 1) == [range(0, 20), range(20, 40), range(40, 45)]
+    assert turns(45, 8) == [range(0, 2), range(2, 4), range(4, 6)]  # batches 0-5
+    assert turns(200, 32) == [range(b, b + 1) for b in range(7)]
 
 
 def test_the_engine_profiles_when_asked_and_the_profile_is_read_back(
