@@ -359,10 +359,10 @@ def first_token_row(
 ) -> str:
     """One row of first_token_table; `spent`: what the engine's timed sessions add to."""
     options = SearchOptions(beam_size=beam, max_length=FIRST_TOKEN)
-    # Per sentence, each call's time in the encoder's and the decoder's session calls
-    inside: dict[str, list[list[float]]] = {"encoder": [], "decoder": []}
-    firsts: dict[str, list[list[int]]] = {"product": [[] for _ in sources]}
-    firsts["ct2"] = [[] for _ in sources]
+    # Per sentence: each timed call's time in the encoder's and the decoder's session calls,
+    # and the first token each way wrote
+    inside = {part: [[] for _ in sources] for part in ("encoder", "decoder")}
+    firsts = {way: [[] for _ in sources] for way in ("product", "ct2")}
 
     def product(index: int) -> None:
         spent.update(decoder=0.0, encoder=0.0, steps=0)
@@ -376,8 +376,6 @@ def first_token_row(
         firsts["ct2"][index] = ct2(sources[index], FIRST_TOKEN, beam)
 
     ways = {"product": product} if ct2 is None else {"product": product, "ct2": ctranslate2}
-    for times in inside.values():
-        times.extend([] for _ in sources)
     for way in ways.values():  # warm-up
         for index in range(len(sources)):
             way(index)

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sentences", type=int, default=200, help="lines timed (first N)")
     parser.add_argument(
-        "--repeat", type=int, default=3, help="timed passes (each batch's median counts)"
+        "--repeat", type=int, default=3, help="timed passes (each stretch's median counts)"
     )
     parser.add_argument("--threads", type=int, default=0, help="per engine (0 = all cores)")
     parser.add_argument(
@@ -136,7 +136,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.before_tree:
         jobs += before_jobs(args.before_tree, args.checkpoint, work, jobs[0])
     listed = ", ".join(j["name"] for j in jobs)
-    print(f"{listed}: loaded at once, taking turns on each batch", flush=True)
+    print(f"{listed}: loaded at once, taking turns on each stretch", flush=True)
     results = spawn_interleaved(jobs, work)
     rows = speed_rows(results)
     profiles = []
