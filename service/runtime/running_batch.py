@@ -67,7 +67,7 @@ def running_batch(engine: Engine, beam_size: int, words: TermWords | None = None
 _NEVER = int(np.iinfo(np.int64).max)  # a clock no batch reaches
 
 # Per live sentence, what its steps need in arrays: one record each, so that sentences
-# joining and leaving cost one concatenation or one gather for all of them.
+# joining and leaving cost one copy into a new table or one gather for all of them.
 _PER_SENTENCE = np.dtype(
     [
         ("limit", np.int64),  # the most tokens it may produce (Sentence.limit)
