@@ -32,6 +32,8 @@ import math
 import torch
 from torch import nn
 
+from export.model.packing import Packing
+
 # Added to the scores of positions a query must not see. Large enough that exp() underflows to
 # exactly 0 in float32, small enough that adding two of them stays finite.
 MASKED_SCORE = -1e9
@@ -72,12 +74,14 @@ class MultiHeadAttention(nn.Module):
         keys: torch.Tensor,
         values: torch.Tensor,
         score_bias: torch.Tensor | None,
+        packing: Packing | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Scaled dot-product attention, then the output projection.
 
         queries [B, H, T, Dh], keys and values [B, H, S, Dh],
         score_bias broadcastable to [B, H, T, S]: 0 where allowed, MASKED_SCORE where not.
-        Returns output [B, T, D] and attention weights [B, H, T, S].
+        Returns output [B, T, D] (with `packing`, the real queries' only, [N, D]: the output
+        projection skips the padding, packing.py) and attention weights [B, H, T, S].
         """
         scores = queries @ keys.transpose(-1, -2) / math.sqrt(self.head_dim)  # [B, H, T, S]
         if score_bias is not None:
@@ -86,6 +90,8 @@ class MultiHeadAttention(nn.Module):
         mixed = self.dropout(weights) @ values  # [B, H, T, Dh]
         batch, _, length, _ = mixed.shape
         merged = mixed.transpose(1, 2).reshape(batch, length, self.n_heads * self.head_dim)
+        if packing is not None:
+            merged = packing.pack(merged)  # [N, D]
         return self.out_proj(merged), weights
 
 

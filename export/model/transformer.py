@@ -31,6 +31,7 @@ from torch import nn
 
 from export.model.attention import MultiHeadAttention, causal_bias, padding_bias
 from export.model.config import ModelConfig
+from export.model.packing import Packing
 
 # One (keys, values) pair per decoder layer, each [B, H, length, Dh].
 DecoderCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -120,13 +121,18 @@ class EncoderLayer(_Layer):
         self.ffn = FeedForward(config)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
 
-    def forward(self, x: torch.Tensor, source_bias: torch.Tensor) -> torch.Tensor:
-        """x [B, S, D], source_bias [B, 1, 1, S] -> [B, S, D]"""
+    def forward(
+        self, x: torch.Tensor, source_bias: torch.Tensor, packing: Packing | None = None
+    ) -> torch.Tensor:
+        """x [B, S, D], source_bias [B, 1, 1, S] -> [B, S, D]; with `packing`, x is the real
+        tokens only, [N, D] -> [N, D] (packing.py): only attention sees the padded layout."""
         # Self-attention over the source: every source word looks at every other one.
         h = self.sublayer_input(self.self_attn_layer_norm, x)
+        if packing is not None:
+            h = packing.unpack(h)  # [B, S, D]
         queries = self.self_attn.project_queries(h)
         keys, values = self.self_attn.project_keys_values(h)
-        attended, _ = self.self_attn.attend(queries, keys, values, source_bias)
+        attended, _ = self.self_attn.attend(queries, keys, values, source_bias, packing)
         x = self.residual(self.self_attn_layer_norm, x, attended)
         h = self.sublayer_input(self.final_layer_norm, x)
         return self.residual(self.final_layer_norm, x, self.ffn(h))
@@ -299,14 +305,24 @@ class Transformer(nn.Module):
         norm = self.embedding_norm(side)
         return self.dropout(x if norm is None else norm(x))
 
-    def encode(self, source_ids: torch.Tensor, source_mask: torch.Tensor) -> torch.Tensor:
-        """source_ids [B, S], source_mask [B, S] (True = real token) -> encoder output [B, S, D]"""
+    def encode(
+        self,
+        source_ids: torch.Tensor,
+        source_mask: torch.Tensor,
+        packing: Packing | None = None,
+    ) -> torch.Tensor:
+        """source_ids [B, S], source_mask [B, S] (True = real token) -> encoder output [B, S, D].
+        With `packing` (of source_mask), the layers run on the real tokens only, [N, D], and
+        skip the padding in most of their work (packing.py)."""
         bias = padding_bias(source_mask)
         x = self.embed(source_ids, "encoder")
+        if packing is not None:
+            x = packing.pack(x)  # [N, D]
         for layer in self.encoder_layers:
-            x = layer(x, bias)
+            x = layer(x, bias, packing)
         norm = self.stack_norm("encoder")
-        return x if norm is None else norm(x)
+        x = x if norm is None else norm(x)
+        return x if packing is None else packing.unpack(x)
 
     def cross_keys_values(self, encoder_output: torch.Tensor) -> DecoderCache:
         """The source's keys/values for every decoder layer: computed once, reused every step."""

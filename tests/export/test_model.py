@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from export.model.config import ModelConfig  # noqa: E402
+from export.model.packing import Packing  # noqa: E402
 from export.model.transformer import Transformer  # noqa: E402
 from tests.export.shapes import FAMILY_SHAPES, family_options  # noqa: E402
 
@@ -145,3 +146,27 @@ def test_beams_sharing_one_copy_of_the_source_equal_beams_with_their_own(
             assert (logits_a - logits_b).abs().max() <= 1e-5
             assert (weights_a - weights_b).abs().max() <= 1e-6
             assert weights_a.shape == (3 * beams, 1, 9)
+
+
+def test_packing_round_trips_the_real_tokens_in_order() -> None:
+    _, source_mask = padded_batch()
+    padded = torch.arange(3 * 9 * 2, dtype=torch.float32).reshape(3, 9, 2)
+    packing = Packing(source_mask)
+    packed = packing.pack(padded)
+    assert packed.shape == (9 + 6 + 3, 2)
+    assert torch.equal(packed, padded[source_mask])  # row by row, position by position
+    unpacked = packing.unpack(packed)
+    assert torch.equal(unpacked[source_mask], padded[source_mask])
+    assert torch.equal(unpacked[~source_mask], padded[0, 0].expand(9 - 6 + 9 - 3, 2))
+
+
+def test_the_encoder_on_packed_tokens_computes_what_it_does_on_the_padded_batch(
+    model: Transformer,
+) -> None:
+    """What the exported encoder runs (export/model/packing.py), at every real token."""
+    source_ids, source_mask = padded_batch()
+    with torch.no_grad():
+        padded = model.encode(source_ids, source_mask)  # [B, S, D]
+        packed = model.encode(source_ids, source_mask, Packing(source_mask))
+    assert packed.shape == padded.shape
+    assert (packed - padded)[source_mask].abs().max() <= 1e-5
