@@ -9,10 +9,12 @@ For each checkpoint (a `nmt train --out` directory):
   bundle's (the encoder and decoder graphs served);
 * speed: its int8 bundle (`nmt export --int8`, into --work-dir), one thread, greedy and beam 4,
   batch 1 and 32, over the first --sentences lines of test_2016_flickr tokenized by its own
-  tokenizer (not timed). Every bundle is loaded in a process of its own at once, and they take
-  turns, one timed pass each, cell by cell and repeat by repeat, so that the machine's drifts
-  fall on all of them alike; the median pass is kept. Sentences/s is the measure that compares
-  models (two models say the same thing in different numbers of tokens); tokens/s is shown too.
+  tokenizer (not timed), sorted by length. Every bundle is loaded in a process of its own at
+  once, and they take turns on every 20 sentences of a pass (one batch at batch 32; the first
+  one rotating), cell by cell and repeat by repeat, so that the machine's drifts fall on all
+  of them alike; a pass's time is the sum of each stretch's median. Sentences/s is the
+  measure that compares models (two models say the same thing in different numbers of
+  tokens); tokens/s is shown too.
 
 Writes the "models" section of docs/benchmarks.md. The first checkpoint is the baseline every
 ratio is taken against.
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from bench.compare.worker import turns
 from bench.quality import SPLITS, evaluate
 from bench.report import BENCHMARKS, opening, replace_section
 from export.train_config import multi30k_dir
@@ -84,7 +87,7 @@ def export(model: Model) -> None:
 
 
 def _timing_worker(bundle: str, lines: list[str], threads: int, conn: Connection) -> None:
-    """In the bundle's own process: load it, then time the cells the parent asks for."""
+    """In the bundle's own process: load it, then time the stretches the parent asks for."""
     from service.runtime.bundle import load_bundle
     from service.runtime.search import SearchOptions
     from service.runtime.sessions import EngineOptions
@@ -93,20 +96,43 @@ def _timing_worker(bundle: str, lines: list[str], threads: int, conn: Connection
     translator = Translator(
         load_bundle(Path(bundle)), EngineOptions(int8=True, intra_op_threads=threads)
     )
-    sources = translator.tokenizer.encode(lines)
+    # sorted by length, as translate_ids would sort a whole pass: each stretch is then the
+    # same batches a pass over all of them would make
+    sources = sorted(translator.tokenizer.encode(lines), key=len)
     translator.translate_ids(sources[:32], SearchOptions(beam_size=4), 32)  # warm-up
     conn.send("ready")
-    while (cell := conn.recv()) is not None:
-        beam, batch = cell
+    while (command := conn.recv()) is not None:
+        beam, batch, first, last = command
         start = time.perf_counter()
-        found = translator.translate_ids(sources, SearchOptions(beam_size=beam), batch)
+        found = translator.translate_ids(sources[first:last], SearchOptions(beam_size=beam), batch)
         seconds = time.perf_counter() - start
         tokens = sum(len(h[0].tokens) + 1 for h in found)  # (</s> counted, as bench.compare)
         conn.send((seconds, tokens))
 
 
+def stretches(sentences: int, batch: int) -> list[tuple[int, int]]:
+    """A pass's turns, as sentence ranges [first, last): the batches of bench.compare's
+    turns (20 sentences, or one batch at batch 32)."""
+    return [
+        (batches.start * batch, min(batches.stop * batch, sentences))
+        for batches in turns(sentences, batch)
+    ]
+
+
+def pass_speed(sentences: int, timed: list[list[tuple[float, int]]]) -> tuple[float, float]:
+    """(sentences/s, tokens/s) of a pass whose time is the sum of each stretch's median:
+    timed[stretch] = that stretch's (seconds, tokens) in every repeat."""
+    seconds = sum(statistics.median(s for s, _ in runs) for runs in timed)
+    tokens = sum(runs[0][1] for runs in timed)
+    return sentences / seconds, tokens / seconds
+
+
 def time_bundles(models: list[Model], lines: list[str], threads: int, repeat: int) -> dict:
-    """{label: {(beam, batch): (sentences/s, tokens/s)}}, medians of `repeat` passes."""
+    """{label: {(beam, batch): (sentences/s, tokens/s)}}. The bundles take turns on every
+    stretch of a pass (`stretches`), the first one rotating, `repeat` times; a pass's time
+    is the sum of the stretches' medians. Turns of whole passes (a second or more each) left
+    the machine's drift within a turn: bench.compare's two CTranslate2 settings that decode
+    greedy search alike came out 1.12x apart that way (docs/performance.md)."""
     context = multiprocessing.get_context("spawn")
     workers = []
     for model in models:
@@ -118,22 +144,23 @@ def time_bundles(models: list[Model], lines: list[str], threads: int, repeat: in
         workers.append((model.label, parent, process))
     for _, conn, _ in workers:
         assert conn.recv() == "ready"
-    passes: dict = {label: {cell: [] for cell in CELLS} for label, _, _ in workers}
-    for cell in CELLS:
+    speeds: dict = {label: {} for label, _, _ in workers}
+    turn = 0
+    for beam, batch in CELLS:
+        ranges = stretches(len(lines), batch)
+        timed: dict = {label: [[] for _ in ranges] for label, _, _ in workers}
         for _ in range(repeat):
-            for label, conn, _ in workers:
-                conn.send(cell)
-                passes[label][cell].append(conn.recv())
+            for index, (first, last) in enumerate(ranges):
+                shift = turn % len(workers)
+                for label, conn, _ in workers[shift:] + workers[:shift]:
+                    conn.send((beam, batch, first, last))
+                    timed[label][index].append(conn.recv())
+                turn += 1
+        for label, per_stretch in timed.items():
+            speeds[label][(beam, batch)] = pass_speed(len(lines), per_stretch)
     for _, conn, process in workers:
         conn.send(None)
         process.join()
-    speeds: dict = {}
-    for label, cells in passes.items():
-        speeds[label] = {}
-        for cell, runs in cells.items():
-            seconds = statistics.median(s for s, _ in runs)
-            tokens = runs[0][1]
-            speeds[label][cell] = (len(lines) / seconds, tokens / seconds)
     return speeds
 
 
@@ -149,7 +176,8 @@ def report(models: list[Model], quality: dict, speeds: dict, args: argparse.Name
     base = models[0].label
     setup = (
         f"; speed: int8, {args.threads} thread, the first {args.sentences} lines of "
-        f"test_2016_flickr, median of {args.repeat} passes taken in turns"
+        f"test_2016_flickr, {args.repeat} passes taken in turns of 20 sentences (one batch at "
+        "batch 32), each stretch's median summed"
     )
     lines = opening("Checkpoints side by side", "bench.models", setup)
     lines += ["", "| model | shape | parameters | checkpoint MB | int8 bundle MB |"]

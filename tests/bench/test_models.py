@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.models import main
+from bench.models import main, pass_speed, stretches
 
 pytest.importorskip("torch", reason="exporting needs the export extra (torch)")
 
@@ -47,3 +47,17 @@ def test_two_checkpoints_get_a_row_each_in_every_table(
     assert rows["models/fr-en"].count("1.00x") == 4  # every ratio is against the first one
     assert len(re.findall(r"[\d.]+ \(\d+; [\d.]+x\)", rows["student"])) == 4
     assert (tmp_path / "w" / "models-fr-en" / "decoder.int8.onnx").is_file()
+
+
+def test_a_pass_is_cut_into_bench_compare_s_turns() -> None:
+    assert stretches(45, 1) == [(0, 20), (20, 40), (40, 45)]
+    assert stretches(70, 32) == [(0, 32), (32, 64), (64, 70)]  # one batch a turn
+
+
+def test_a_pass_takes_the_sum_of_each_stretch_s_median() -> None:
+    # two stretches, three repeats: passes of 1 + 3, 2 + 1 and 9 + 5 s would give a median
+    # pass of 4 s; each stretch's median, 2 + 3 = 5 s
+    timed = [[(1.0, 10), (2.0, 10), (9.0, 10)], [(3.0, 30), (1.0, 30), (5.0, 30)]]
+    sentences_per_second, tokens_per_second = pass_speed(8, timed)
+    assert sentences_per_second == 8 / 5.0
+    assert tokens_per_second == 40 / 5.0
