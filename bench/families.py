@@ -27,8 +27,10 @@ One run, for each family in turn:
   (`TransformersConverter`, int8, the map converted in) on the same Hugging Face directory,
   the sizes on disk, and how many times the graphs hold the embedding;
 * time six engines, each in its own process (so that its peak memory is its own), loaded at
-  once and taking turns, one pass each, configuration by configuration and repeat by repeat
-  (as `bench.compare` does), so that the machine's drifts fall on all of them alike:
+  once and taking turns on every 20 sentences of a pass (one batch from batch 20 on; a
+  pass's time the sum of each stretch's median), configuration by configuration and repeat
+  by repeat (as `bench.compare` does), so that the machine's drifts fall on all of them
+  alike:
   ours fp32, ours int8 and ours int8 with the shortlist (`Translator.translate`, texts in
   and out, the target language's token forced first), CTranslate2 int8 without and with its
   vocabulary map (`translate_batch`, the family tokenizer's pieces in and out, the target
@@ -64,6 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.compare.worker import TURN_SENTENCES
 from bench.report import opening, replace_section
 
 if TYPE_CHECKING:
@@ -803,31 +806,42 @@ def subset(texts: list, count: int) -> list:
     return [texts[i * len(texts) // count] for i in range(count)]
 
 
-def _one_pass(engine, job: dict, run: dict, first_only: bool = False) -> dict:
-    """Every batch of every direction once (the run's `count` sentences of each):
-    decoding seconds (tokenization and detokenization included, on both sides), produced
-    tokens and source ids per sentence."""
+def stretches(job: dict, run: dict) -> list[list[tuple[int, int]]]:
+    """A pass's batches, (direction, first sentence) in order over every direction (the
+    run's `count` sentences of each), cut into the engines' turns: 20 sentences' batches,
+    or one batch from batch 20 on (as bench.compare's `turns`)."""
+    batch = run["batch"]
+    batches = [
+        (d, start)
+        for d, direction in enumerate(job["directions"])
+        for start in range(0, len(subset(direction["texts"], run["count"])), batch)
+    ]
+    per_turn = max(1, TURN_SENTENCES // batch)
+    return [batches[i : i + per_turn] for i in range(0, len(batches), per_turn)]
+
+
+def _one_stretch(engine, job: dict, run: dict, batches: list[tuple[int, int]]) -> dict:
+    """The given batches once: decoding seconds (tokenization and detokenization included,
+    on both sides), produced tokens and source ids per sentence."""
     seconds, produced, sources = 0.0, [], []
     beam, batch = run["beam"], run["batch"]
-    for direction in job["directions"]:
-        texts = subset(direction["texts"], run["count"])
-        for start in range(0, len(texts), batch):
-            chunk = texts[start : start + batch]
-            begin = time.perf_counter()
-            found, ids = engine.translate(
-                chunk, direction["source"], direction["target"], beam, job["max_length"]
-            )
-            seconds += time.perf_counter() - begin
-            produced += found
-            sources += ids
-            if first_only:
-                return {}
+    for d, start in batches:
+        direction = job["directions"][d]
+        chunk = subset(direction["texts"], run["count"])[start : start + batch]
+        begin = time.perf_counter()
+        found, ids = engine.translate(
+            chunk, direction["source"], direction["target"], beam, job["max_length"]
+        )
+        seconds += time.perf_counter() - begin
+        produced += found
+        sources += ids
     return {"seconds": seconds, "produced": produced, "sources": sources}
 
 
 def run_turns(job: dict, commands, answer) -> dict:
-    """One engine's process: load it, then one pass per command ({"warm": i} warms run i on
-    one batch; {"run": i} times one pass of it) until {"finish": true}."""
+    """One engine's process: load it, then one stretch per command ({"warm": i} warms run i
+    on its first batch; {"run": i, "stretch": k} times stretch k of it) until
+    {"finish": true}. A run's pass time: the sum of each stretch's median."""
     started = time.perf_counter()
     engine = {"ours": Ours, "ctranslate2": CTranslate2, "transformers": Transformers}[
         job["engine"]
@@ -835,8 +849,8 @@ def run_turns(job: dict, commands, answer) -> dict:
     load_seconds = time.perf_counter() - started
     rss_loaded = status_mib("VmRSS")
     answer("loaded")
-    passes: dict[int, list[float]] = {}
-    last: dict[int, dict] = {}
+    timed: dict[int, dict[int, list[float]]] = {}
+    last: dict[int, dict[int, dict]] = {}
     for line in commands:
         command = json.loads(line)
         if command.get("finish"):
@@ -844,11 +858,12 @@ def run_turns(job: dict, commands, answer) -> dict:
         index = command.get("run", command.get("warm"))
         run = job["runs"][index]
         if "warm" in command:
-            _one_pass(engine, job, run, first_only=True)
+            _one_stretch(engine, job, run, stretches(job, run)[0][:1])
         else:
-            found = _one_pass(engine, job, run)
-            passes.setdefault(index, []).append(found.pop("seconds"))
-            last[index] = found
+            k = command["stretch"]
+            found = _one_stretch(engine, job, run, stretches(job, run)[k])
+            timed.setdefault(index, {}).setdefault(k, []).append(found.pop("seconds"))
+            last.setdefault(index, {})[k] = found
         answer("done")
     return {
         "name": job["name"],
@@ -856,9 +871,20 @@ def run_turns(job: dict, commands, answer) -> dict:
         "rss_loaded_mib": rss_loaded,
         "peak_rss_mib": peak_rss_mib(),
         "runs": [
-            {**run, "seconds": passes.get(i, []), **last.get(i, {})}
+            {**run, **_pass_of(timed.get(i, {}), last.get(i, {}))}
             for i, run in enumerate(job["runs"])
         ],
+    }
+
+
+def _pass_of(timed: dict[int, list[float]], found: dict[int, dict]) -> dict:
+    """A run's stretches put together: "seconds" (the sum of each stretch's median; NaN if
+    none was timed), and the produced tokens and source ids in order."""
+    order = sorted(found)
+    return {
+        "seconds": sum(statistics.median(timed[k]) for k in order) if order else math.nan,
+        "produced": [tokens for k in order for tokens in found[k]["produced"]],
+        "sources": [ids for k in order for ids in found[k]["sources"]],
     }
 
 
@@ -878,7 +904,10 @@ def _answer(process: subprocess.Popen, name: str) -> None:
 
 def time_engines(jobs: list[dict], work: Path, repeat: int) -> dict[str, dict]:
     """Every job's engine in its own process, loaded one after the other and kept; then, run
-    by run, a warm-up call each and `repeat` rounds of one timed pass each."""
+    by run, a warm-up call each and `repeat` rounds of timed passes, the engines taking
+    turns on every stretch (`stretches`), the first one rotating. Turns of whole passes
+    left the machine's drift within a turn (bench.compare's two CTranslate2 settings that
+    decode greedy search alike came out 1.12x apart that way: docs/performance.md)."""
     workers = {}
     try:
         for job in jobs:
@@ -898,13 +927,20 @@ def time_engines(jobs: list[dict], work: Path, repeat: int) -> dict[str, dict]:
             workers[job["name"]] = (process, result_path)
             _answer(process, job["name"])
             print(f"  {job['name']}: loaded", flush=True)
+        names = list(workers)
+        turn = 0
         for index, run in enumerate(jobs[0]["runs"]):
-            commands = [{"warm": index}] + [{"run": index}] * repeat
+            count = len(stretches(jobs[0], run))
+            commands = [{"warm": index}]
+            commands += [{"run": index, "stretch": k} for _ in range(repeat) for k in range(count)]
             for command in commands:
-                for name, (process, _) in workers.items():
+                shift = turn % len(names)  # who goes first rotates
+                for name in names[shift:] + names[:shift]:
+                    process = workers[name][0]
                     process.stdin.write(json.dumps(command) + "\n")
                     process.stdin.flush()
                     _answer(process, name)
+                turn += 1
             print(f"  {_label(run['beam'], run['batch'])}: done", flush=True)
         results = {}
         for name, (process, result_path) in workers.items():
@@ -1032,7 +1068,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
 
 def shortlist_use(bundle: Path, directions: list[dict], results: dict) -> dict:
     """The timed batches' candidate words (the shortlist's, the same as CTranslate2's
-    vocabulary map's), batched as `_one_pass` does: their mean count per batch size, and
+    vocabulary map's), batched as `stretches` cuts a pass: their mean count per batch size, and
     per restricted engine the words it wrote outside its batch's candidates (none, when the
     shortlist and the vocabulary map are applied as built)."""
     from nmt_contract import Shortlist
@@ -1071,8 +1107,9 @@ def _label(beam: int, batch: int) -> str:
 
 
 def cells(measured: dict) -> dict[str, dict[tuple[int, int], dict]]:
-    """Per engine and (beam, batch): tokens/s (median pass), its ratio to the reference, and
-    how its outputs compare with the reference's, sentence by sentence."""
+    """Per engine and (beam, batch): tokens/s (a pass: the sum of its stretches' medians), its
+    ratio to the reference, and how its outputs compare with the reference's, sentence by
+    sentence."""
     results = measured["results"]
     reference = {(r["beam"], r["batch"]): r for r in results[REFERENCE]["runs"]}
     table: dict[str, dict[tuple[int, int], dict]] = {}
@@ -1083,11 +1120,11 @@ def cells(measured: dict) -> dict[str, dict[tuple[int, int], dict]]:
             base = reference[key]
             tokens = sum(len(p) for p in run["produced"])
             base_tokens = sum(len(p) for p in base["produced"])
-            tps = tokens / statistics.median(run["seconds"])
+            tps = tokens / run["seconds"]
             pairs = list(zip(run["produced"], base["produced"], strict=True))
             table[name][key] = {
                 "tps": tps,
-                "ratio": tps / (base_tokens / statistics.median(base["seconds"])),
+                "ratio": tps / (base_tokens / base["seconds"]),
                 "tokens": tokens,
                 "translations": len(pairs),
                 "lengths": sorted({len(p) for p in run["produced"]}),
@@ -1293,10 +1330,11 @@ def markdown(measured: list[dict], args: argparse.Namespace, load: tuple) -> str
         "fp32 (the family's tokenizer, `generate` with `forced_bos_token_id`, "
         f"`torch.set_num_threads({args.threads})`)",
         "- tokens/s: produced tokens / seconds of a pass (texts in, texts out: tokenization "
-        f"and detokenization included on every engine), median of {args.repeat} passes after "
-        "a warm-up call; in brackets, the ratio to transformers fp32 (the int8 engines "
-        "against each other: the second table). A direction's sentences are sorted by "
-        "length and cut into batches",
+        f"and detokenization included on every engine), {args.repeat} passes after a warm-up "
+        "call, the engines taking turns on every 20 sentences (one batch from batch 20 on), "
+        "a pass's time the sum of each stretch's median; in brackets, the ratio to "
+        "transformers fp32 (the int8 engines against each other: the second table). A "
+        "direction's sentences are sorted by length and cut into batches",
         "- peak RSS: the engine's process's high-water mark (`VmHWM`) over loading and every "
         "configuration (interpreter and libraries included: transformers brings torch)",
         "",

@@ -79,3 +79,26 @@ def test_a_tiny_shape_is_built_timed_on_every_engine_and_written_between_the_mar
     assert re.search(r"Candidate words per timed batch, mean, of [0-9,]+: batch 1: ", text)
     assert re.search(r"export of the fp32 graphs [0-9.]+ s, their int8 quantization", text)
     assert re.search(r"CTranslate2's conversion \(int8, the vocabulary map in\) [0-9.]+ s", text)
+
+
+def test_a_pass_is_cut_into_turns_across_directions_and_put_back_in_order() -> None:
+    from bench.families import _pass_of, stretches
+
+    job = {"directions": [{"texts": [f"a{i}" for i in range(30)]}, {"texts": ["b0", "b1"]}]}
+    # batch 1: 20 sentences a turn; the second direction's sentences join the last turn
+    turns = stretches(job, {"batch": 1, "count": 30})
+    assert [len(t) for t in turns] == [20, 12]
+    assert turns[1][-2:] == [(1, 0), (1, 1)]
+    # batch 32: one batch a turn, each direction's own
+    assert stretches(job, {"batch": 32, "count": 30}) == [[(0, 0)], [(1, 0)]]
+    # `count` spreads a direction's passes over fewer of its sentences
+    assert [len(t) for t in stretches(job, {"batch": 1, "count": 4})] == [6]
+
+    found = {
+        1: {"produced": [[3]], "sources": [[30]]},
+        0: {"produced": [[1], [2]], "sources": [[10], [20]]},
+    }
+    timed = {0: [1.0, 5.0, 2.0], 1: [0.5, 0.25, 3.0]}
+    together = _pass_of(timed, found)
+    assert together["seconds"] == 2.0 + 0.5  # each stretch's median, summed
+    assert together["produced"] == [[1], [2], [3]] and together["sources"] == [[10], [20], [30]]
