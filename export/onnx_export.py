@@ -85,7 +85,8 @@ class EncoderGraph(nn.Module):
 
         The layers skip the padding in most of their work (export/model/packing.py): a batch
         of sentences as they come is half padding, and this encoder takes 0.65x the time of
-        one that computes it all (docs/performance.md, "Padding in the encoder")."""
+        one that computes it all (int8, AMD EPYC Zen 3: docs/performance.md, "Padding in
+        the encoder")."""
         packing = Packing(source_mask)
         encoder_output = self.model.encode(source_ids, source_mask, packing)  # [B, S, D]
         cross = self.model.cross_keys_values(encoder_output)

@@ -8,7 +8,8 @@ Attention mixes positions and needs the batch's [B, S] layout: its input is unpa
 it, and what it gives back is packed again before the output projection. (So the query,
 key and value projections run on the padding too: unpacking their three outputs instead of
 their one input cost 1.5% of a lone sentence's translation, for 0.56x instead of 0.65x the
-padded encoder's time on a batch of 32 sentences as they come: docs/performance.md.)
+padded encoder's time on a batch of 32 sentences as they come; AMD EPYC Zen 3, int8:
+docs/performance.md.)
 
 In a batch of 32 Multi30k sentences in their given order, half of the [B, S] positions are
 padding; CTranslate2's encoder skips it too (its `Padder`). Unpacked, a padded position
