@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.compare.worker import TURN_SENTENCES
+from bench.compare.worker import turns
 from bench.report import opening, replace_section
 
 if TYPE_CHECKING:
@@ -816,8 +816,7 @@ def stretches(job: dict, run: dict) -> list[list[tuple[int, int]]]:
         for d, direction in enumerate(job["directions"])
         for start in range(0, len(subset(direction["texts"], run["count"])), batch)
     ]
-    per_turn = max(1, TURN_SENTENCES // batch)
-    return [batches[i : i + per_turn] for i in range(0, len(batches), per_turn)]
+    return [batches[r.start : r.stop] for r in turns(len(batches) * batch, batch)]
 
 
 def _one_stretch(engine, job: dict, run: dict, batches: list[tuple[int, int]]) -> dict:
