@@ -5,7 +5,8 @@ docs/performance.md):
 * at batch 1, per-step overhead dominates: the session call itself, feeding inputs and
   converting outputs. A step goes through an IO binding kept with the cache (kv_cache.py),
   made again only when its arrays change, and asks only for the outputs it needs (no
-  alignment unless asked).
+  alignment unless asked). A lone sentence's cache, once its batch empties, is kept for the
+  next lone sentence, which decodes in its buffers through its binding (keep_spare).
 * at batch 32+ (and in beam search), the decoder's matmuls and the output projection
   [rows, D] x [D, V] dominate; the top-k is selected in the graph, so [rows, V] never leaves
   it. The vocabulary shortlist (opt-in) cuts V to the batch's candidate words.
@@ -13,6 +14,8 @@ docs/performance.md):
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -27,6 +30,10 @@ from service.runtime.kv_cache import KVCache, empty_buffer
 from service.runtime.sessions import EngineOptions, open_session
 
 log = logging.getLogger("nmt.engine")
+
+# Spare caches kept per row count (Engine.keep_spare): one or two lone sentences at a time is
+# what reuses them (a server's lone requests, a worker each; a CLI's sentences in turn).
+SPARES_PER_ROWS = 2
 
 
 @dataclass
@@ -79,6 +86,10 @@ class Engine:
                 )
         self.decoder = open_session(bundle.graph(role, self.options.int8), self.options)
         self._check_decoder_names(bundle)
+        # Caches of one sentence whose running batch emptied, by row count: the next lone
+        # sentence takes over their buffers and IO binding (keep_spare, reuse_spare). A deque
+        # each: its append and pop are atomic, and decoding workers share the engine.
+        self._spares: dict[int, collections.deque[KVCache]] = {}
 
     def _check_decoder_names(self, bundle: Bundle) -> None:
         """A graph from an older exporter under the same format number would fail at the
@@ -134,6 +145,22 @@ class Engine:
             candidates=candidates,
         )
 
+    def keep_spare(self, cache: KVCache) -> None:
+        """The last cache of a running batch whose sentences all left: kept for a sentence
+        that joins an empty batch next (reuse_spare) when its buffers hold just its rows (a
+        lone sentence's; the buffers of a batch that held many stay unkept, not to hold their
+        memory) and are its own (not views of a step taken together)."""
+        if cache.together is None and cache.past[0].shape[0] == cache.rows:
+            spares = self._spares.setdefault(cache.rows, collections.deque(maxlen=SPARES_PER_ROWS))
+            spares.append(cache)
+
+    def reuse_spare(self, cache: KVCache) -> None:
+        """Let a cache that has not stepped take over a kept spare of as many rows."""
+        spares = self._spares.get(cache.rows)
+        if spares:
+            with contextlib.suppress(IndexError):  # another worker took the last one
+                cache.adopt(spares.pop())
+
     def ahead_encoder(self) -> ort.InferenceSession:
         """The encoder session for encoding ahead: the encoder's own with one thread, else a
         second one with a single thread (made at first use; its weights once more in memory)."""
@@ -177,9 +204,14 @@ class Engine:
         k = min(top_k, words)
         width = 1 if forced is None else forced.shape[1]
         wanted = (k, want_alignment, want_attention, width)
-        if cache.bound != wanted:
+        # A binding taken over from a spare (KVCache.adopt) needs this cache's sources bound;
+        # outputs as wide as the sources (alignment, attention) need new arrays: all anew.
+        sources_shaped = want_alignment or want_attention
+        if cache.bound != wanted or (cache.sources_stale and sources_shaped):
             cache.binding, cache.io = self._bind(cache, *wanted)
             cache.bound = wanted
+        elif cache.sources_stale:
+            self._bind_sources(cache.binding, cache)
         io = cache.io
         io["target_ids"][:, 0] = tokens
         io["positions"][:] = cache.positions
@@ -235,9 +267,7 @@ class Engine:
             "forced_ids": np.zeros((rows, forced), dtype=np.int64),
             "forced_log_probs": np.empty((rows, forced), dtype=np.float32),
         }
-        inputs = {"source_mask": cache.source_mask}
-        inputs |= dict(zip(self.cross_names, cache.cross, strict=True))
-        inputs |= {name: io[name] for name in ("target_ids", "positions", "top_k", "forced_ids")}
+        inputs = {name: io[name] for name in ("target_ids", "positions", "top_k", "forced_ids")}
         if cache.vocabulary is not None:
             inputs["vocabulary"] = cache.vocabulary
             names = ["output_projection", "output_projection_scale"]  # (the scales: int8)
@@ -260,7 +290,16 @@ class Engine:
         for name, array in outputs.items():
             assert array.flags.c_contiguous  # (else ONNX Runtime would write into a copy)
             binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
+        self._bind_sources(binding, cache)
         return binding, io
+
+    def _bind_sources(self, binding: ort.IOBinding, cache: KVCache) -> None:
+        """Bind what the cache's sources give every step: their cross-attention keys and
+        values and their mask (binding a name again replaces it)."""
+        binding.bind_cpu_input("source_mask", np.ascontiguousarray(cache.source_mask))
+        for name, array in zip(self.cross_names, cache.cross, strict=True):
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        cache.sources_stale = False
 
 
 @functools.cache

@@ -61,6 +61,9 @@ class KVCache:
     binding: object | None = None
     io: dict | None = None
     bound: tuple | None = None
+    # The binding was taken over from a spare (adopt) and still has the spare's sources bound:
+    # the next step binds this cache's cross keys/values and source mask, nothing else.
+    sources_stale: bool = False
     # After a step taken together with other caches (take_rows_of): that step's cache and the
     # first of our rows in it. Our buffers are then views of its buffers, and the next step
     # together can go on from it without stacking them again (went_on_together).
@@ -99,6 +102,20 @@ class KVCache:
     def unbind(self) -> None:
         """Arrays a step reads were replaced or changed shape: the next step binds again."""
         self.bound = None
+
+    def adopt(self, spare: KVCache) -> bool:
+        """Take over a spare's self-attention buffers and IO binding: the spare is the last
+        cache of a running batch whose sentences all left (Engine.keep_spare), of as many
+        rows as this one, which has not stepped yet. Its buffers then need no allocating and
+        its binding no making (about 0.1 ms of a lone sentence's few ms beside the graph
+        runs: docs/performance.md); the next step binds only this cache's sources. False
+        (nothing taken) when the spare does not fit."""
+        if spare.rows != self.rows or spare.together is not None or self.positions.any():
+            return False
+        self.past = spare.past  # (what was in them is never read: every row is empty)
+        self.binding, self.io, self.bound = spare.binding, spare.io, spare.bound
+        self.sources_stale = True
+        return True
 
     def reserve(self, rows: int, length: int) -> None:
         """Room for `rows` rows of `length` positions: the buffers are grown (doubled, at

@@ -262,6 +262,7 @@ class RunningBatch:
         room = min(longest, RESERVED_POSITIONS)
         if self.cache is None or not self.sentences:
             self.cache = parts[0]
+            self.engine.reuse_spare(self.cache)  # (a lone sentence after another: no allocating)
             self.cache.reserve(new_rows, room)
             if len(parts) > 1:
                 self.cache.extend(*parts[1:])
@@ -411,6 +412,7 @@ class RunningBatch:
             self.strategy.kept(kept)
             self.sentences = []
             self.per_sentence.keep(kept, self.sentences)
+            self.engine.keep_spare(self.cache)
             self.cache, self.history, self.candidates = None, None, None
             self.sequences = np.zeros((0, 0), dtype=np.int64)
             self.feed = np.zeros(0, dtype=np.int64)

@@ -213,3 +213,26 @@ def test_candidates_follow_their_sources_and_the_vocabulary_is_made_again() -> N
     decoder.extend(joining)
     assert [list(c) for c in decoder.candidates] == [[1, 5], [3, 7], [9]]
     assert decoder.vocabulary is None  # a join always makes it again
+
+
+def test_a_new_cache_takes_over_a_spare_of_as_many_rows_only() -> None:
+    """adopt: a cache that has not stepped takes the spare's buffers and binding, and must
+    bind its own sources next; a spare of other rows, one whose buffers are views of a step
+    taken together, or a cache that has stepped take nothing."""
+    spare = state(lengths=[4, 4], source_lengths=[5])
+    spare.binding, spare.io, spare.bound = object(), {"positions": np.zeros(2)}, (3, False)
+    new = state(lengths=[0, 0], source_lengths=[7])
+    assert new.adopt(spare)
+    assert new.past is spare.past and new.binding is spare.binding and new.io is spare.io
+    assert new.bound == (3, False) and new.sources_stale
+    assert new.source_mask.shape == (1, 7)  # its own sources stay its own
+
+    for refused, other in (
+        (state(lengths=[0], source_lengths=[7]), spare),  # other rows
+        (state(lengths=[2, 2], source_lengths=[7]), spare),  # has stepped
+    ):
+        past = refused.past
+        assert not refused.adopt(other) and refused.past is past and refused.bound is None
+    spare.together = (state(lengths=[4, 4, 4], source_lengths=[5, 5, 5]), 0)
+    fresh = state(lengths=[0, 0], source_lengths=[7])
+    assert not fresh.adopt(spare) and fresh.binding is None

@@ -116,6 +116,36 @@ def test_batches_of_two_beam_sizes_stepped_together_decode_as_they_do_alone(
         assert same(hypotheses, alone(translator, sources[index], options_of[index]))
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_lone_sentence_after_another_decodes_in_its_buffers_through_its_binding(
+    translator: Translator, fr_en_bundle: Path, beam_size: int
+):
+    """When a batch's last sentence leaves, the engine keeps its cache as a spare, and the
+    next sentence to join an empty batch decodes in the same buffers through the same IO
+    binding, with its own sources bound: sentences of different lengths, one after the
+    other, come out as they do in one batch of an engine that kept none (a source left bound
+    from the sentence before would change them, or fail on its shape)."""
+    engine = Engine(load_bundle(fr_en_bundle), EngineOptions(intra_op_threads=1))
+    options = SearchOptions(beam_size=beam_size, n_best=beam_size)
+    # Longest first: the first one's buffers have room for every later one (no growing).
+    sources = sorted(translator.tokenizer.encode(FRENCH_SENTENCES[:6]), key=len, reverse=True)
+    expected = search(translator.engine, sources, options)
+    batch = running_batch(engine, beam_size)
+    found, buffers, bindings = [], [], []
+    for source in sources:
+        batch.join([Sentence(source, options)])
+        buffers.append(batch.cache.past[0])
+        ended = batch.step()
+        bindings.append(batch.cache.binding if batch.cache is not None else None)
+        while len(batch):
+            ended += batch.step()
+        found.append(ended[0].hypotheses)
+    assert all(buffer is buffers[0] for buffer in buffers)
+    assert bindings[0] is not None and all(binding is bindings[0] for binding in bindings)
+    for mine, theirs in zip(found, expected, strict=True):
+        assert same(mine, theirs)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_encoding_ahead_runs_on_one_thread_and_encodes_the_same(
     translator: Translator, fr_en_bundle: Path, threads: int

@@ -113,6 +113,12 @@ class LoopingEngine:
         positions = np.zeros(rows, dtype=np.int64)
         return KVCache(cross=[], source_mask=source_mask, past=[empty, empty], positions=positions)
 
+    def keep_spare(self, cache: KVCache) -> None:  # (Engine's: nothing to reuse here)
+        pass
+
+    def reuse_spare(self, cache: KVCache) -> None:
+        pass
+
     def step(self, state, tokens: np.ndarray, top_k: int, **_: bool):
         # What every step does to the cache: one more position per row.
         state.positions = state.positions + 1
