@@ -21,13 +21,11 @@ A change to the exported graphs needs each tree's own bundle: `--before-bundle`.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(os.environ.get("NMT_DATA_DIR", ROOT.parent / "shared" / "data" / "multi30k"))
 
 
 def worker(tree: Path, bundle: Path, int8: bool, lines: Path, count: int) -> None:
@@ -112,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-tree", type=Path, default=ROOT)
     parser.add_argument("--bundle", type=Path, default=ROOT / "build" / "models" / "fr-en")
     parser.add_argument("--before-bundle", type=Path, help="the before tree's (default: --bundle)")
-    parser.add_argument("--lines", type=Path, default=DATA / "test_2016_flickr.fr")
+    parser.add_argument("--lines", type=Path, help="default: Multi30k's test_2016_flickr.fr")
     parser.add_argument("--sentences", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--beams", default="1,4", help="beam sizes, comma-separated")
@@ -124,9 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.before_tree is None:
         parser.error("--before-tree is required")
-    if not args.lines.is_file():
-        parser.error(f"{args.lines} is missing (Multi30k is kept in ../shared/data/multi30k)")
+    # (Not at the top: a worker imports its own tree's code, nothing of this checkout's.)
     from bench.report import machine
+    from export.train_config import multi30k_dir
+
+    args.lines = args.lines or multi30k_dir() / "test_2016_flickr.fr"
+    if not args.lines.is_file():
+        where = "$NMT_DATA_DIR or ../shared/data/multi30k"
+        parser.error(f"{args.lines} is missing (Multi30k: {where})")
 
     before_bundle = args.before_bundle or args.bundle
     contenders = [

@@ -109,8 +109,7 @@ class KVCache:
         rows as this one, which has not stepped yet. Its buffers then need no allocating and
         its binding no making (about 0.1 ms a lone sentence on an AMD EPYC with AVX2, the
         "Python around the graph" table of docs/performance.md); the next step binds only
-        this cache's sources. False
-        (nothing taken) when the spare does not fit."""
+        this cache's sources. False (nothing taken) when the spare does not fit."""
         if spare.rows != self.rows or spare.together is not None or self.positions.any():
             return False
         self.past = spare.past  # (what was in them is never read: every row is empty)
