@@ -72,6 +72,8 @@ def build_router() -> APIRouter:
         dependencies=ADMIN,
         responses={
             **ADMIN_ERRORS,
+            400: ERROR_RESPONSES[400],
+            413: {**ERROR_RESPONSES[413], "description": "a body larger than NMT_MAX_BODY_BYTES"},
             409: {
                 **ERROR_RESPONSES[404],
                 "description": "a version did not load or warm up (the reason is given); "
