@@ -93,6 +93,60 @@ OPERATION_IDS = {
     "delete_dictionary_v3": "deleteDictionary",
 }
 
+# The fields each operation reads, for /openapi.json: DeepL's names (its OpenAPI file's), with
+# which are required here (entries_format is optional: TSV by default).
+_LANGUAGE = {"type": "string", "description": "DeepL's code, any case (FR, en, EN-GB)"}
+_DICTIONARY = {
+    "source_lang": {**_LANGUAGE, "example": "FR"},
+    "target_lang": {**_LANGUAGE, "example": "EN"},
+    "entries": {
+        "type": "string",
+        "description": "one entry a line: source and target term, tab-separated (TSV) or "
+        "comma-separated (CSV)",
+        "example": "chien\tdog",
+    },
+    "entries_format": {"type": "string", "enum": sorted(ENTRIES_FORMATS), "default": "tsv"},
+}
+_NAME = {"type": "string", "example": "Animals"}
+_PAIR = ["source_lang", "target_lang", "entries"]
+
+
+def _body(properties: dict[str, Any], required: list[str], form: bool) -> dict[str, Any]:
+    """A request body of these fields, as JSON (and as a form, where a form can carry them)."""
+    schema = {"type": "object", "properties": properties, "required": required}
+    content = {"application/json": {"schema": schema}}
+    if form:
+        content["application/x-www-form-urlencoded"] = {"schema": schema}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def _dictionaries(max_items: int | None = None) -> dict[str, Any]:
+    """The v3 `dictionaries` field: a JSON list of dictionaries (a form cannot carry it)."""
+    item = {"type": "object", "properties": _DICTIONARY, "required": _PAIR}
+    schema: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
+    return schema if max_items is None else {**schema, "maxItems": max_items}
+
+
+# The pair of a dictionary to read or delete, in the query.
+_PAIR_QUERY = {
+    "parameters": [
+        {"name": name, "in": "query", "required": True, "schema": _DICTIONARY[name]}
+        for name in ("source_lang", "target_lang")
+    ]
+}
+REQUEST_DOCS: dict[str, dict[str, Any]] = {
+    "createGlossary": _body({"name": _NAME, **_DICTIONARY}, ["name", *_PAIR], form=True),
+    "createMultilingualGlossary": _body(
+        {"name": _NAME, "dictionaries": _dictionaries()}, ["name", "dictionaries"], form=False
+    ),
+    "patchMultilingualGlossary": _body(
+        {"name": _NAME, "dictionaries": _dictionaries(max_items=1)}, [], form=False
+    ),
+    "replaceDictionary": _body(_DICTIONARY, _PAIR, form=True),
+    "getMultilingualGlossaryEntries": _PAIR_QUERY,
+    "deleteDictionary": _PAIR_QUERY,
+}
+
 
 async def glossary_store(store: StoreDep) -> GlossaryStore:
     return store.glossaries
@@ -120,18 +174,21 @@ def build_router(settings: Settings) -> APIRouter:
 
     def route(path: str, method: str, status: int, summary: str, errors: tuple[int, ...]):
         """A route, with DeepL's operationId (a client generated from DeepL's OpenAPI file
-        names its calls alike)."""
+        names its calls alike) and the fields it reads (REQUEST_DOCS): the endpoints read
+        them from the query, a JSON or a form body alike, so FastAPI cannot see them."""
 
         def register(endpoint: Callable[..., Awaitable[Response]]):
+            operation_id = OPERATION_IDS[endpoint.__name__]
             router.add_api_route(
                 path,
                 endpoint,
                 methods=[method],
-                operation_id=OPERATION_IDS[endpoint.__name__],
+                operation_id=operation_id,
                 status_code=status,
                 summary=summary,
                 response_model=None,
                 responses={code: DeepLError.doc(GLOSSARY_ERRORS[code]) for code in errors},
+                openapi_extra=REQUEST_DOCS.get(operation_id),
             )
             return endpoint
 
