@@ -346,27 +346,41 @@ DEEPL_ERRORS = {
 }
 
 
+# The fields /v2/translate reads, for /openapi.json; the same in a JSON or a form body (a form
+# repeats `text` for a list).
+_REQUEST_FIELDS = {
+    "type": "object",
+    "required": ["text", "target_lang"],
+    "properties": {
+        "text": {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "example": ["Un homme fait du vélo."],
+        },
+        "target_lang": {"type": "string", "example": "EN-GB"},
+        "source_lang": {"type": "string", "example": "FR"},
+        "split_sentences": {"type": "string", "enum": ["0", "1", "nonewlines"]},
+        "preserve_formatting": {"type": "boolean"},
+        "formality": {"type": "string", "enum": sorted(FORMALITIES)},
+        "context": {"type": "string"},
+        "tag_handling": {"type": "string", "enum": ["html", "xml"]},
+        "outline_detection": {"type": "boolean"},
+        **{name: {"type": "array", "items": {"type": "string"}} for name in TAG_LISTS},
+        "glossary_id": {
+            "type": "string",
+            "description": "a glossary of this key (needs source_lang)",
+        },
+        "return_confidence": {
+            "type": "boolean",
+            "description": "not DeepL's: each translation's confidence (docs/confidence.md)",
+        },
+    },
+}
 _REQUEST_BODY = {
     "content": {
-        "application/json": {
-            "schema": {
-                "type": "object",
-                "required": ["text", "target_lang"],
-                "properties": {
-                    "text": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                    "target_lang": {"type": "string", "example": "EN-GB"},
-                    "source_lang": {"type": "string", "example": "FR"},
-                    "split_sentences": {"type": "string", "enum": ["0", "1", "nonewlines"]},
-                    "preserve_formatting": {"type": "boolean"},
-                    "formality": {"type": "string", "enum": sorted(FORMALITIES)},
-                    "context": {"type": "string"},
-                    "tag_handling": {"type": "string", "enum": ["html", "xml"]},
-                    "outline_detection": {"type": "boolean"},
-                    **{name: {"type": "array", "items": {"type": "string"}} for name in TAG_LISTS},
-                },
-            }
-        },
-        "application/x-www-form-urlencoded": {"schema": {"type": "object"}},
+        "application/json": {"schema": _REQUEST_FIELDS},
+        "application/x-www-form-urlencoded": {"schema": _REQUEST_FIELDS},
     }
 }
 

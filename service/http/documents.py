@@ -90,12 +90,55 @@ LIBRE_FILES = replace(
 DIALECTS: tuple[Dialect, ...] = (DEEPL_DOCUMENTS, LIBRE_FILES)
 
 
+# For /openapi.json: the fields each call reads (they are read from the body by hand).
+_FILE = {"type": "string", "format": "binary", "description": "the document (its name: its format)"}
+
+
+def _upload(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
+    schema = {"type": "object", "required": required, "properties": properties}
+    content = {"multipart/form-data": {"schema": schema}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+_DEEPL_UPLOAD = _upload(
+    ["file", "target_lang"],
+    file=_FILE,
+    target_lang={"type": "string", "example": "EN-GB"},
+    source_lang={"type": "string", "example": "FR"},
+    glossary_id={"type": "string", "description": "a glossary of this key (needs source_lang)"},
+    filename={"type": "string", "description": "the document's name, if the file part has none"},
+    output_format={"type": "string", "description": "another format's extension to answer in"},
+)
+_LIBRE_UPLOAD = _upload(
+    ["file", "source", "target"],
+    file=_FILE,
+    source={"type": "string", "example": "fr"},
+    target={"type": "string", "example": "en"},
+    api_key={"type": "string"},
+)
+_KEY_SCHEMA = {
+    "type": "object",
+    "required": ["document_key"],
+    "properties": {"document_key": {"type": "string", "description": "the upload's answer's"}},
+}
+_DOCUMENT_KEY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": _KEY_SCHEMA},
+            "application/x-www-form-urlencoded": {"schema": _KEY_SCHEMA},
+        },
+    }
+}
+
+
 def build_router(settings: Settings) -> APIRouter:
     router = APIRouter(tags=["Documents (DeepL and LibreTranslate compatible)"])
 
     @router.post(
         DEEPL_UPLOAD,
         summary="DeepL-compatible document upload (multipart: file, target_lang)",
+        openapi_extra=_DEEPL_UPLOAD,
         response_model=None,
         responses={s: deepl.DeepLError.doc(why) for s, why in DOCUMENT_ERRORS.items()},
     )
@@ -139,6 +182,7 @@ def build_router(settings: Settings) -> APIRouter:
     @router.post(
         DEEPL_PREFIX + "{document_id}",
         summary="DeepL-compatible document status (document_key)",
+        openapi_extra=_DOCUMENT_KEY,
         response_model=None,
         responses={s: deepl.DeepLError.doc(why) for s, why in POLL_ERRORS.items()},
     )
@@ -168,6 +212,7 @@ def build_router(settings: Settings) -> APIRouter:
     @router.post(
         DEEPL_PREFIX + "{document_id}/result",
         summary="DeepL-compatible download of a translated document (once)",
+        openapi_extra=_DOCUMENT_KEY,
         response_model=None,
         responses={s: deepl.DeepLError.doc(why) for s, why in POLL_ERRORS.items()},
     )
@@ -191,6 +236,7 @@ def build_router(settings: Settings) -> APIRouter:
     @router.post(
         LIBRE_UPLOAD,
         summary="LibreTranslate-compatible file translation (multipart: file, source, target)",
+        openapi_extra=_LIBRE_UPLOAD,
         response_model=None,
         responses={s: libretranslate.LibreError.doc(why) for s, why in LIBRE_ERRORS.items()},
     )

@@ -17,6 +17,7 @@ import pytest
 from deepl.api_data import MultilingualGlossaryDictionaryEntries as Entries
 
 from service.http.glossary_entries import EntriesTooLarge, EntryLimits, InvalidEntries, read_entries
+from tests.http.openapi_examples import body_schema, documented, example_of, query_parameters
 from tests.servers import Server, running_server
 
 MAX_ENTRIES = 40
@@ -363,24 +364,6 @@ def test_a_405_names_every_method_of_a_glossary_path(server: Server):
 # --- the OpenAPI document -----------------------------------------------------------------
 
 
-def documented(spec: dict, operation_id: str) -> tuple[str, str, dict]:
-    """(method, path template, operation) of the operation with this operationId."""
-    for path, operations in spec["paths"].items():
-        for method, operation in operations.items():
-            if operation.get("operationId") == operation_id:
-                return method.upper(), path, operation
-    raise AssertionError(f"{operation_id} is not in /openapi.json")
-
-
-def example_of(schema: dict) -> Any:
-    """A value built from the documented examples of the schema's required fields."""
-    if schema["type"] == "array":
-        return [example_of(schema["items"])]
-    if schema["type"] == "object":
-        return {name: example_of(schema["properties"][name]) for name in schema["required"]}
-    return schema["example"]
-
-
 def test_the_openapi_document_names_the_fields_each_glossary_call_reads(server: Server):
     """A request made of what /openapi.json documents works, and one without any field it
     documents as required is refused naming that field (the fields are read from the query
@@ -389,24 +372,24 @@ def test_the_openapi_document_names_the_fields_each_glossary_call_reads(server: 
 
     def body_call(operation_id: str, glossary_id: str = "", omit: str = "") -> httpx.Response:
         method, path, operation = documented(spec, operation_id)
-        schema = operation["requestBody"]["content"]["application/json"]["schema"]
-        body = {k: v for k, v in example_of(schema).items() if k != omit}
+        body = example_of(body_schema(operation, "application/json"))
+        body = {k: v for k, v in body.items() if k != omit}
         return call(server, method, path.format(glossary_id=glossary_id), json=body)
 
     def query_call(operation_id: str, glossary_id: str, omit: str = "") -> httpx.Response:
         method, path, operation = documented(spec, operation_id)
         query = {
             p["name"]: p["schema"]["example"]
-            for p in operation["parameters"]
-            if p["in"] == "query" and p["name"] != omit
+            for p in query_parameters(operation)
+            if p["name"] != omit
         }
         return call(server, method, path.format(glossary_id=glossary_id), params=query)
 
     def required(operation_id: str) -> list[str]:
         operation = documented(spec, operation_id)[2]
         if "requestBody" in operation:
-            return operation["requestBody"]["content"]["application/json"]["schema"]["required"]
-        return [p["name"] for p in operation["parameters"] if p["in"] == "query"]
+            return body_schema(operation, "application/json")["required"]
+        return [p["name"] for p in query_parameters(operation)]
 
     before = stored(server)
     for operation_id in ("createGlossary", "createMultilingualGlossary"):
