@@ -337,6 +337,7 @@ def _as_deepl_error(error: ServiceError, request: Request, status: int) -> DeepL
 DEEPL_ERRORS = {
     400: "a missing or unsupported parameter or language, invalid JSON",
     403: "authorization failure (NMT_API_KEYS is set, and the key is missing or wrong)",
+    404: "no glossary of this glossary_id for this key",
     413: "too many texts, a text too long, or a body larger than NMT_MAX_BODY_BYTES",
     429: "too many requests: the queue is full (Retry-After)",
     456: "quota exceeded (NMT_CHARACTER_LIMIT)",

@@ -119,7 +119,9 @@ _LIBRE_UPLOAD = _upload(
 _KEY_SCHEMA = {
     "type": "object",
     "required": ["document_key"],
-    "properties": {"document_key": {"type": "string", "description": "the upload's answer's"}},
+    "properties": {
+        "document_key": {"type": "string", "minLength": 1, "description": "the upload's answer's"}
+    },
 }
 _DOCUMENT_KEY = {
     "requestBody": {
@@ -348,6 +350,7 @@ DOCUMENT_ERRORS = {
     400: "no file, an unsupported language, a file that cannot be translated (format, "
     "macro-enabled, entities, damaged)",
     403: "authorization failure",
+    404: "no glossary of this glossary_id for this key",
     413: "a file past NMT_MAX_DOCUMENT_BYTES, NMT_MAX_DOCUMENT_CHARACTERS or a zip bomb",
     456: "quota exceeded (NMT_CHARACTER_LIMIT)",
     503: "models loading, or the server is shutting down",

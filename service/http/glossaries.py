@@ -95,7 +95,11 @@ OPERATION_IDS = {
 
 # The fields each operation reads, for /openapi.json: DeepL's names (its OpenAPI file's), with
 # which are required here (entries_format is optional: TSV by default).
-_LANGUAGE = {"type": "string", "description": "DeepL's code, any case (FR, en, EN-GB)"}
+_LANGUAGE = {
+    "type": "string",
+    "pattern": rf"^\s*{LANGUAGE_CODE.pattern}\s*$",
+    "description": "DeepL's code, any case (FR, en, EN-GB)",
+}
 _DICTIONARY = {
     "source_lang": {**_LANGUAGE, "example": "FR"},
     "target_lang": {**_LANGUAGE, "example": "EN"},
@@ -172,7 +176,14 @@ class DictionaryRequest:
 def build_router(settings: Settings) -> APIRouter:
     router = APIRouter(tags=["DeepL glossaries"])
 
-    def route(path: str, method: str, status: int, summary: str, errors: tuple[int, ...]):
+    def route(
+        path: str,
+        method: str,
+        status: int,
+        summary: str,
+        errors: tuple[int, ...],
+        answers: type[Response] = JSONResponse,
+    ):
         """A route, with DeepL's operationId (a client generated from DeepL's OpenAPI file
         names its calls alike) and the fields it reads (REQUEST_DOCS): the endpoints read
         them from the query, a JSON or a form body alike, so FastAPI cannot see them."""
@@ -187,6 +198,7 @@ def build_router(settings: Settings) -> APIRouter:
                 status_code=status,
                 summary=summary,
                 response_model=None,
+                response_class=answers,
                 responses={code: DeepLError.doc(GLOSSARY_ERRORS[code]) for code in errors},
                 openapi_extra=REQUEST_DOCS.get(operation_id),
             )
@@ -266,6 +278,7 @@ def build_router(settings: Settings) -> APIRouter:
         200,
         "A glossary's entries, as TSV (DeepL v2)",
         (400, 403, 404, 415),
+        answers=TsvResponse,
     )
     async def entries_v2(
         request: Request, glossary_id: str, keys: ApiKeysDep, store: GlossariesDep
@@ -707,6 +720,10 @@ def _accepts_tsv(accept: str | None) -> bool:
         except ValueError:
             continue
     return False
+
+
+class TsvResponse(Response):
+    media_type = TSV
 
 
 def _tsv_response(entries: tuple[tuple[str, str], ...]) -> Response:

@@ -99,3 +99,28 @@ def test_a_document_s_status_and_result_take_the_documented_key(
         assert left_out.status_code == 400 and "document_key" in left_out.text
     status = send(client, f"/v2/document/{handle['document_id']}", content_type, handle)
     assert status.status_code == 200 and status.json()["document_id"] == handle["document_id"]
+
+
+def test_the_answers_schemathesis_found_undocumented_are_documented(client: TestClient, spec: dict):
+    """An unknown glossary_id is a 404 on translation and upload; the v2 entries are TSV."""
+    for path, content_type in (
+        ("/v2/translate", "application/json"),
+        ("/v2/document", "multipart/form-data"),
+    ):
+        fields = fields_of(body_schema(operation_at(spec, "POST", path), content_type))
+        answer = send(
+            client, path, content_type, fields | {"source_lang": "FR", "glossary_id": "x"}
+        )
+        assert answer.status_code == 404, answer.text
+        assert "404" in operation_at(spec, "POST", path)["responses"]
+
+    made = client.post(
+        "/v2/glossaries",
+        json={"name": "a", "source_lang": "FR", "target_lang": "EN", "entries": "chien\tdog"},
+    )
+    assert made.status_code == 201, made.text
+    entries = client.get(f"/v2/glossaries/{made.json()['glossary_id']}/entries")
+    documented = operation_at(spec, "GET", "/v2/glossaries/{glossary_id}/entries")
+    media_type = entries.headers["content-type"].split(";")[0]
+    assert entries.status_code == 200 and entries.text == "chien\tdog"
+    assert list(documented["responses"]["200"]["content"]) == [media_type]
