@@ -31,6 +31,7 @@ from service.http.dialect import (
     DialectError,
     confidence_body,
     confidence_flag,
+    documented_body,
     read_body,
     read_markup,
     search_options,
@@ -82,7 +83,7 @@ def build_router(settings: Settings) -> APIRouter:
         "/v2/translate",
         summary="DeepL-compatible translation (text, target_lang)",
         response_model=None,
-        openapi_extra={"requestBody": _REQUEST_BODY},
+        openapi_extra=_REQUEST_BODY,
         responses={status: DeepLError.doc(why) for status, why in DEEPL_ERRORS.items()},
     )
     async def translate(
@@ -347,12 +348,10 @@ DEEPL_ERRORS = {
 }
 
 
-# The fields /v2/translate reads, for /openapi.json; the same in a JSON or a form body (a form
-# repeats `text` for a list).
-_REQUEST_FIELDS = {
-    "type": "object",
-    "required": ["text", "target_lang"],
-    "properties": {
+# The fields /v2/translate reads, for /openapi.json (a form repeats `text` for a list).
+_REQUEST_BODY = documented_body(
+    required=["text", "target_lang"],
+    properties={
         "text": {
             "type": "array",
             "items": {"type": "string"},
@@ -377,13 +376,7 @@ _REQUEST_FIELDS = {
             "description": "not DeepL's: each translation's confidence (docs/confidence.md)",
         },
     },
-}
-_REQUEST_BODY = {
-    "content": {
-        "application/json": {"schema": _REQUEST_FIELDS},
-        "application/x-www-form-urlencoded": {"schema": _REQUEST_FIELDS},
-    }
-}
+)
 
 
 # DeepL says 413 for a request too large and 456 for the quota, 403 for any key problem;

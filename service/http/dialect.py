@@ -263,6 +263,21 @@ class BodyWording:
     unreadable_markup: str  # with "{detail}": what the markup parser said
 
 
+JSON_OR_FORM = ("application/json", "application/x-www-form-urlencoded")
+
+
+def documented_body(
+    properties: dict[str, Any],
+    required: list[str],
+    content_types: tuple[str, ...] = JSON_OR_FORM,
+) -> dict[str, Any]:
+    """`openapi_extra` for a call that reads its fields by hand (read_body: a JSON or form
+    body, over the query), which FastAPI cannot see: the fields as its request body in
+    /openapi.json, the same schema for each content type it takes."""
+    schema = {"type": "object", "required": required, "properties": properties}
+    return {"requestBody": {"content": {kind: {"schema": schema} for kind in content_types}}}
+
+
 async def read_body(
     request: Request, error: type[DialectError], wording: BodyWording, empty_json: str
 ) -> dict[str, Any] | FormData | None:

@@ -28,7 +28,7 @@ from service.documents.formats import formats
 from service.documents.jobs import DocumentJobs, DocumentRequest
 from service.http import deepl, libretranslate
 from service.http.dependencies import ApiKeysDep, ServiceDep, StoreDep
-from service.http.dialect import Decoding, Dialect, search_options
+from service.http.dialect import Decoding, Dialect, documented_body, search_options
 from service.http.glossary_lookup import owner_of, terminology_of
 from service.http.multipart import MultipartError, parse_multipart
 from service.serving.requests import TranslationService, off_loop
@@ -90,48 +90,46 @@ LIBRE_FILES = replace(
 DIALECTS: tuple[Dialect, ...] = (DEEPL_DOCUMENTS, LIBRE_FILES)
 
 
-# For /openapi.json: the fields each call reads (they are read from the body by hand).
+# For /openapi.json: the fields each call reads (by hand, from the body).
 _FILE = {"type": "string", "format": "binary", "description": "the document (its name: its format)"}
-
-
-def _upload(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
-    schema = {"type": "object", "required": required, "properties": properties}
-    content = {"multipart/form-data": {"schema": schema}}
-    return {"requestBody": {"required": True, "content": content}}
-
-
-_DEEPL_UPLOAD = _upload(
-    ["file", "target_lang"],
-    file=_FILE,
-    target_lang={"type": "string", "example": "EN-GB"},
-    source_lang={"type": "string", "example": "FR"},
-    glossary_id={"type": "string", "description": "a glossary of this key (needs source_lang)"},
-    filename={"type": "string", "description": "the document's name, if the file part has none"},
-    output_format={"type": "string", "description": "another format's extension to answer in"},
+_MULTIPART = ("multipart/form-data",)
+_DEEPL_UPLOAD = documented_body(
+    required=["file", "target_lang"],
+    properties={
+        "file": _FILE,
+        "target_lang": {"type": "string", "example": "EN-GB"},
+        "source_lang": {"type": "string", "example": "FR"},
+        "glossary_id": {
+            "type": "string",
+            "description": "a glossary of this key (needs source_lang)",
+        },
+        "filename": {
+            "type": "string",
+            "description": "the document's name, if the file part has none",
+        },
+        "output_format": {
+            "type": "string",
+            "description": "another format's extension to answer in",
+        },
+    },
+    content_types=_MULTIPART,
 )
-_LIBRE_UPLOAD = _upload(
-    ["file", "source", "target"],
-    file=_FILE,
-    source={"type": "string", "example": "fr"},
-    target={"type": "string", "example": "en"},
-    api_key={"type": "string"},
+_LIBRE_UPLOAD = documented_body(
+    required=["file", "source", "target"],
+    properties={
+        "file": _FILE,
+        "source": {"type": "string", "example": "fr"},
+        "target": {"type": "string", "example": "en"},
+        "api_key": {"type": "string"},
+    },
+    content_types=_MULTIPART,
 )
-_KEY_SCHEMA = {
-    "type": "object",
-    "required": ["document_key"],
-    "properties": {
+_DOCUMENT_KEY = documented_body(
+    required=["document_key"],
+    properties={
         "document_key": {"type": "string", "minLength": 1, "description": "the upload's answer's"}
     },
-}
-_DOCUMENT_KEY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": _KEY_SCHEMA},
-            "application/x-www-form-urlencoded": {"schema": _KEY_SCHEMA},
-        },
-    }
-}
+)
 
 
 def build_router(settings: Settings) -> APIRouter:

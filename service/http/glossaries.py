@@ -28,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.http.deepl import DEEPL, DEEPL_ERRORS, DeepLError
 from service.http.dependencies import ApiKeysDep, ServiceDep, StoreDep
+from service.http.dialect import documented_body
 from service.http.glossary_entries import (
     ENTRIES_FORMATS,
     EntriesFormat,
@@ -115,17 +116,8 @@ _NAME = {"type": "string", "example": "Animals"}
 _PAIR = ["source_lang", "target_lang", "entries"]
 
 
-def _body(properties: dict[str, Any], required: list[str], form: bool) -> dict[str, Any]:
-    """A request body of these fields, as JSON (and as a form, where a form can carry them)."""
-    schema = {"type": "object", "properties": properties, "required": required}
-    content = {"application/json": {"schema": schema}}
-    if form:
-        content["application/x-www-form-urlencoded"] = {"schema": schema}
-    return {"requestBody": {"required": True, "content": content}}
-
-
 def _dictionaries(max_items: int | None = None) -> dict[str, Any]:
-    """The v3 `dictionaries` field: a JSON list of dictionaries (a form cannot carry it)."""
+    """The v3 `dictionaries` field: a list of dictionaries."""
     item = {"type": "object", "properties": _DICTIONARY, "required": _PAIR}
     schema: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
     return schema if max_items is None else {**schema, "maxItems": max_items}
@@ -138,15 +130,16 @@ _PAIR_QUERY = {
         for name in ("source_lang", "target_lang")
     ]
 }
+_JSON = ("application/json",)  # (a form cannot carry the list of dictionaries)
 REQUEST_DOCS: dict[str, dict[str, Any]] = {
-    "createGlossary": _body({"name": _NAME, **_DICTIONARY}, ["name", *_PAIR], form=True),
-    "createMultilingualGlossary": _body(
-        {"name": _NAME, "dictionaries": _dictionaries()}, ["name", "dictionaries"], form=False
+    "createGlossary": documented_body({"name": _NAME, **_DICTIONARY}, ["name", *_PAIR]),
+    "createMultilingualGlossary": documented_body(
+        {"name": _NAME, "dictionaries": _dictionaries()}, ["name", "dictionaries"], _JSON
     ),
-    "patchMultilingualGlossary": _body(
-        {"name": _NAME, "dictionaries": _dictionaries(max_items=1)}, [], form=False
+    "patchMultilingualGlossary": documented_body(
+        {"name": _NAME, "dictionaries": _dictionaries(max_items=1)}, [], _JSON
     ),
-    "replaceDictionary": _body(_DICTIONARY, _PAIR, form=True),
+    "replaceDictionary": documented_body(_DICTIONARY, _PAIR),
     "getMultilingualGlossaryEntries": _PAIR_QUERY,
     "deleteDictionary": _PAIR_QUERY,
 }

@@ -27,6 +27,7 @@ from service.http.dialect import (
     DialectError,
     confidence_body,
     confidence_flag,
+    documented_body,
     read_body,
     read_markup,
     search_options,
@@ -84,32 +85,30 @@ _Q = {
 }
 
 
-def _request_body(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
-    """For /openapi.json: the fields a call reads, the same in a JSON or a form body."""
-    schema = {"type": "object", "required": required, "properties": properties}
-    content = {"application/json": {"schema": schema}}
-    content["application/x-www-form-urlencoded"] = {"schema": schema}
-    return {"requestBody": {"content": content}}
-
-
 def build_router(settings: Settings) -> APIRouter:
     router = APIRouter(tags=["LibreTranslate compatible"])
 
     @router.post(
         "/translate",
         summary="LibreTranslate-compatible translation (q, source, target)",
-        openapi_extra=_request_body(
-            ["q", "source", "target"],
-            q=_Q,
-            source={"type": "string", "example": "fr"},
-            target={"type": "string", "example": "en"},
-            format={"type": "string", "enum": ["text", "html"]},
-            alternatives={"type": "integer", "minimum": 0, "maximum": settings.max_beam_size - 1},
-            api_key={"type": "string"},
-            return_confidence={
-                "type": "boolean",
-                "description": "not LibreTranslate's: each translation's confidence "
-                "(docs/confidence.md)",
+        openapi_extra=documented_body(
+            required=["q", "source", "target"],
+            properties={
+                "q": _Q,
+                "source": {"type": "string", "example": "fr"},
+                "target": {"type": "string", "example": "en"},
+                "format": {"type": "string", "enum": ["text", "html"]},
+                "alternatives": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": settings.max_beam_size - 1,
+                },
+                "api_key": {"type": "string"},
+                "return_confidence": {
+                    "type": "boolean",
+                    "description": "not LibreTranslate's: each translation's confidence "
+                    "(docs/confidence.md)",
+                },
             },
         ),
         response_model=None,
@@ -130,7 +129,9 @@ def build_router(settings: Settings) -> APIRouter:
     @router.post(
         "/detect",
         summary="LibreTranslate-compatible language detection (q)",
-        openapi_extra=_request_body(["q"], q=_Q, api_key={"type": "string"}),
+        openapi_extra=documented_body(
+            required=["q"], properties={"q": _Q, "api_key": {"type": "string"}}
+        ),
         response_model=None,
         responses={status: LibreError.doc(LIBRE_ERRORS[status]) for status in (400, 403, 429)},
     )
