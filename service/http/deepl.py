@@ -348,6 +348,12 @@ DEEPL_ERRORS = {
 }
 
 
+# The languages and glossary, as every DeepL call that translates reads them (/openapi.json).
+LANGUAGE_FIELDS = {
+    "target_lang": {"type": "string", "example": "EN-GB"},
+    "source_lang": {"type": "string", "example": "FR"},
+    "glossary_id": {"type": "string", "description": "a glossary of this key (needs source_lang)"},
+}
 # The fields /v2/translate reads, for /openapi.json (a form repeats `text` for a list).
 _REQUEST_BODY = documented_body(
     required=["text", "target_lang"],
@@ -358,8 +364,7 @@ _REQUEST_BODY = documented_body(
             "minItems": 1,
             "example": ["Un homme fait du vélo."],
         },
-        "target_lang": {"type": "string", "example": "EN-GB"},
-        "source_lang": {"type": "string", "example": "FR"},
+        **LANGUAGE_FIELDS,
         "split_sentences": {"type": "string", "enum": ["0", "1", "nonewlines"]},
         "preserve_formatting": {"type": "boolean"},
         "formality": {"type": "string", "enum": sorted(FORMALITIES)},
@@ -367,10 +372,6 @@ _REQUEST_BODY = documented_body(
         "tag_handling": {"type": "string", "enum": ["html", "xml"]},
         "outline_detection": {"type": "boolean"},
         **{name: {"type": "array", "items": {"type": "string"}} for name in TAG_LISTS},
-        "glossary_id": {
-            "type": "string",
-            "description": "a glossary of this key (needs source_lang)",
-        },
         "return_confidence": {
             "type": "boolean",
             "description": "not DeepL's: each translation's confidence (docs/confidence.md)",

@@ -97,12 +97,7 @@ _DEEPL_UPLOAD = documented_body(
     required=["file", "target_lang"],
     properties={
         "file": _FILE,
-        "target_lang": {"type": "string", "example": "EN-GB"},
-        "source_lang": {"type": "string", "example": "FR"},
-        "glossary_id": {
-            "type": "string",
-            "description": "a glossary of this key (needs source_lang)",
-        },
+        **deepl.LANGUAGE_FIELDS,
         "filename": {
             "type": "string",
             "description": "the document's name, if the file part has none",
@@ -118,9 +113,7 @@ _LIBRE_UPLOAD = documented_body(
     required=["file", "source", "target"],
     properties={
         "file": _FILE,
-        "source": {"type": "string", "example": "fr"},
-        "target": {"type": "string", "example": "en"},
-        "api_key": {"type": "string"},
+        **libretranslate.PAIR_FIELDS,
     },
     content_types=_MULTIPART,
 )

@@ -83,6 +83,12 @@ _Q = {
     ],
     "example": "Un homme fait du vélo.",
 }
+# The language pair and key, as every LibreTranslate call that translates reads them.
+PAIR_FIELDS = {
+    "source": {"type": "string", "example": "fr"},
+    "target": {"type": "string", "example": "en"},
+    "api_key": {"type": "string"},
+}
 
 
 def build_router(settings: Settings) -> APIRouter:
@@ -95,15 +101,13 @@ def build_router(settings: Settings) -> APIRouter:
             required=["q", "source", "target"],
             properties={
                 "q": _Q,
-                "source": {"type": "string", "example": "fr"},
-                "target": {"type": "string", "example": "en"},
+                **PAIR_FIELDS,
                 "format": {"type": "string", "enum": ["text", "html"]},
                 "alternatives": {
                     "type": "integer",
                     "minimum": 0,
                     "maximum": settings.max_beam_size - 1,
                 },
-                "api_key": {"type": "string"},
                 "return_confidence": {
                     "type": "boolean",
                     "description": "not LibreTranslate's: each translation's confidence "
