@@ -22,7 +22,7 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 # older than the checkpoint or the exporter (a new bundle format needs a new export).
 $(BUNDLE)/bundle.json: $(MODEL)/model.safetensors $(MODEL)/config.json $(VENV)/.dev-installed \
 		export/onnx_export.py export/fused_step.py export/shortlist.py $(wildcard export/model/*.py) $(wildcard $(MODEL)/description.txt) \
-		$(wildcard $(MODEL)/shortlist.npz)
+		$(wildcard $(MODEL)/shortlist.npz) $(wildcard $(MODEL)/confidence.json)
 	$(BIN)/nmt export --checkpoint $(MODEL) --out $(BUNDLE) --int8
 
 bundle: $(BUNDLE)/bundle.json

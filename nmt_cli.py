@@ -215,20 +215,23 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     """The bundle's confidence.json (service/serving/confidence.py): its translations of
     held-out sentences, as the server makes them, labelled against their references, and a
-    logistic regression fitted per search (export/calibration.py)."""
+    logistic regression fitted per search (export/calibration.py); with --jackknife, over
+    one feature more: a lexicon learned from jackknifed labels (export/jackknife.py)."""
     import numpy as np
 
     from export import calibration as fit
     from export.data import read_lines
+    from export.jackknife import read_labels, tokenizer_checksum
     from export.train_config import multi30k_dir
     from nmt_contract import CONFIDENCE_FILE
     from service.runtime.bundle import load_bundle
-    from service.runtime.search import SearchOptions
     from service.runtime.sessions import EngineOptions
     from service.runtime.translator import Translator
     from service.serving.confidence import (
+        LEXICON,
         SEARCH_FEATURES,
         CalibrationFile,
+        Lexicon,
         scored_sentences,
     )
     from service.serving.settings import Settings
@@ -239,28 +242,57 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     sources, references = read_lines(source_path), read_lines(reference_path)
     if len(sources) != len(references):
         raise SystemExit(f"nmt calibrate: {len(sources)} sources, {len(references)} references")
-    translator = Translator(
-        load_bundle(args.model_dir), EngineOptions(int8=args.int8, intra_op_threads=args.threads)
-    )
+    bundle = load_bundle(args.model_dir)
+    translator = Translator(bundle, EngineOptions(int8=args.int8, intra_op_threads=args.threads))
     served = Settings.model_construct()  # the server's defaults (no environment read)
-    searches, metrics, words, wrong = {}, {}, [], []
+    searches, metrics, words, wrong, lexicon_rows = {}, {}, [], [], 0
     for search, beam_size in (("greedy", 1), ("beam", args.beam_size)):
-        options = SearchOptions(
-            beam_size=beam_size,
-            length_penalty=served.default_length_penalty,
-            max_repeats=served.max_repeats,
-        )
         scored = scored_sentences(
-            translator, sources, options, args.batch_size, args.source_lang, args.target_lang
+            translator,
+            sources,
+            served.default_search(beam_size),
+            args.batch_size,
+            args.source_lang,
+            args.target_lang,
         )
         chrf = np.array(
             [fit.sentence_chrf(s.translation, r) for s, r in zip(scored, references, strict=True)]
         )
         good = chrf >= args.good_chrf
         names = list(SEARCH_FEATURES[search])
-        rows = fit.feature_matrix([s.features for s in scored], names)
+        features = [s.features for s in scored]
+        lexicon = None
+        if args.jackknife:
+            try:
+                labels = read_labels(args.jackknife, search)
+            except (OSError, ValueError) as error:
+                raise SystemExit(f"nmt calibrate: {error}") from None
+            if labels.tokenizer != tokenizer_checksum(bundle):
+                raise SystemExit(
+                    f"nmt calibrate: {args.jackknife}'s models have another tokenizer than "
+                    f"{args.model_dir}: their pieces would not mean the same"
+                )
+            if labels.beam_size != beam_size:
+                raise SystemExit(
+                    f"nmt calibrate: {args.jackknife}'s {search} labels were made with beam "
+                    f"{labels.beam_size}, not {beam_size}"
+                )
+            lexicon = fit.fit_lexicon(
+                fit.feature_matrix(labels.features, names),
+                np.array(labels.chrf),
+                labels.source_ids,
+                labels.output_ids,
+                bundle.vocab_sizes,
+            )
+            scores = Lexicon(**lexicon)
+            features = [
+                {**s.features, LEXICON: scores.score(s.source_ids, s.output_ids)} for s in scored
+            ]
+            names.append(LEXICON)
+            lexicon_rows = len(labels.chrf)
+        rows = fit.feature_matrix(features, names)
         try:
-            fitted = fit.fit_search(rows, chrf, args.good_chrf, names)
+            fitted = fit.fit_search(rows, chrf, args.good_chrf, names, lexicon)
         except ValueError as error:
             raise SystemExit(f"nmt calibrate: {search} search: {error}") from None
         searches[search] = vars(fitted)
@@ -274,19 +306,67 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                 words += [w.confidence for w in s.words]
                 wrong += fit.word_labels([w.word for w in s.words], reference)
     threshold = fit.word_threshold(np.array(words), np.array(wrong))
+    trained_on = (
+        f"{len(sources)} sentences of {source_path.name} / {reference_path.name}; "
+        f"greedy and beam {args.beam_size}, {'int8' if args.int8 else 'fp32'}"
+    )
+    if args.jackknife:
+        trained_on += f"; lexicons from {lexicon_rows} jackknifed translations per search"
     calibration = CalibrationFile(
         label=f"sentence chrF >= {args.good_chrf:g} against a reference translation",
         searches=searches,
         word_threshold=threshold,
-        trained_on=f"{len(sources)} sentences of {source_path.name} / {reference_path.name}; "
-        f"greedy and beam {args.beam_size}, {'int8' if args.int8 else 'fp32'}",
+        trained_on=trained_on,
         command=" ".join(["nmt", *sys.argv[1:]]),
         metrics=metrics,
     )
+    calibration.check_vocabulary(*bundle.vocab_sizes)
     out = args.out or args.model_dir / CONFIDENCE_FILE
-    out.write_text(calibration.model_dump_json(indent=2) + "\n")
+    out.write_text(fit.file_text(calibration.model_dump(mode="json", exclude_none=True)))
     print(json.dumps({"out": str(out), "word_threshold": threshold, **metrics}))
     return 0
+
+
+def _cmd_jackknife(args: argparse.Namespace) -> int:
+    """Jackknifed quality labels for `nmt calibrate --jackknife` (export/jackknife.py)."""
+    from export import jackknife
+    from export.train_config import multi30k_dir
+
+    if args.jackknife_command == "split":
+        recipe = args.recipe or jackknife.FR_EN_RECIPE
+        commands = jackknife.split(args.data_dir or multi30k_dir(), args.out, recipe)
+        print("# train and export a model on each half (side by side, one core each):")
+        print("\n".join(commands))
+        print(f"# then: nmt jackknife label --dir {args.out}")
+        return 0
+    try:
+        written = jackknife.label(args.dir, {"greedy": 1, "beam": args.beam_size})
+    except (OSError, ValueError) as error:  # (a missing or broken half-model bundle)
+        raise SystemExit(f"nmt jackknife label: {error}") from None
+    print(json.dumps({"written": [str(p) for p in written]}))
+    return 0
+
+
+def _add_jackknife(subparsers: argparse._SubParsersAction) -> None:
+    jackknife = subparsers.add_parser(
+        "jackknife",
+        help="translations with real errors for the confidence's lexicon: two half-models, "
+        "each translating the half of the training pairs it did not see",
+    )
+    commands = jackknife.add_subparsers(dest="jackknife_command", required=True)
+    split = commands.add_parser(
+        "split", help="split the training pairs in two and print how to train on each half"
+    )
+    split.add_argument("--out", type=Path, required=True, help="the jackknife's folder")
+    split.add_argument("--data-dir", type=Path, help="train.fr/train.en (default: Multi30k)")
+    split.add_argument(
+        "--recipe", help="`nmt train` flags of each half-model (default: the fr-en model's shape)"
+    )
+    label = commands.add_parser(
+        "label", help="translate each half with the other half's model, labelled with chrF"
+    )
+    label.add_argument("--dir", type=Path, required=True, help="the jackknife's folder")
+    label.add_argument("--beam-size", type=int, default=4, help="the beam search labelled")
 
 
 def _cmd_shortlist(args: argparse.Namespace) -> int:
@@ -570,7 +650,11 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads")
     calibrate.add_argument("--source-lang", help="a multilingual bundle's source language")
     calibrate.add_argument("--target-lang", help="a multilingual bundle's target language")
+    calibrate.add_argument(
+        "--jackknife", type=Path, help="learn a lexicon from `nmt jackknife`'s labels there"
+    )
     calibrate.add_argument("--out", type=Path, help="default: <model-dir>/confidence.json")
+    _add_jackknife(subparsers)
     _add_serve(subparsers)
     _add_models(subparsers)
     _add_db(subparsers)
@@ -585,6 +669,7 @@ COMMANDS = {
     "translate": _cmd_translate,
     "eval": _cmd_eval,
     "calibrate": _cmd_calibrate,
+    "jackknife": _cmd_jackknife,
     "serve": _cmd_serve,
     "models": _cmd_models,
     "db": _cmd_db,

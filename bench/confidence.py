@@ -3,11 +3,12 @@ and what it costs.
 
     python -m bench.confidence [--model-dir build/models/fr-en]
 
-The bundle's confidence.json (fitted by `nmt calibrate` on Multi30k val) is judged on
-test_2017_flickr, which neither training nor calibration saw, against sentence chrF:
+The bundle's confidence.json (fitted by `nmt calibrate` on Multi30k val, its lexicons on a
+jackknife's labels) is judged on test_2017_flickr, which neither training nor calibration
+saw, against sentence chrF:
 
 * Spearman correlation of the calibrated sentence confidence and of the raw score (the mean
-  token log-prob) with sentence chrF, greedy and beam;
+  token log-prob) with sentence chrF, greedy and beam (and on test_2016_flickr, also unseen);
 * calibration: a reliability table and the expected calibration error against the label the
   file names (chrF >= its threshold);
 * the share of the worst 10% of sentences (by chrF) among the lowest-confidence 20%;
@@ -37,7 +38,7 @@ from service.runtime.bundle import load_bundle
 from service.runtime.sessions import EngineOptions
 from service.runtime.translator import Translator
 from service.serving.confidence import (
-    SEARCH_FEATURES,
+    LEXICON,
     SearchCalibration,
     load_calibration,
     scored_sentences,
@@ -51,6 +52,7 @@ GROUPS = {
     "length ratio": ("length_ratio",),
     "attention (coverage, spread, on </s>)": ("coverage", "attention_entropy", "eos_attention"),
     "beam agreement": ("agreement",),
+    "lexicon (jackknifed)": (LEXICON,),
 }
 
 
@@ -137,35 +139,39 @@ def main() -> None:
         f"- calibration: `{args.model_dir}/confidence.json` ({calibration.trained_on}; "
         f"`{calibration.command}`); label: {calibration.label}",
         "- judged on test_2017_flickr (1,000 sentences, seen by neither training nor "
-        "calibration), against sentence chrF (sacrebleu)",
+        "calibration), against sentence chrF (sacrebleu); test_2016_flickr (1,000, as unseen) "
+        "beside it",
         "",
-        "| search | Spearman: raw score | Spearman: confidence | ECE | share good | "
+        "| search | split | Spearman: raw score | Spearman: confidence | ECE | share good | "
         "worst 10% in lowest 20%: raw | ... : confidence |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     results = {}
     for search, beam_size in (("greedy", 1), ("beam", 4)):
-        test = judged(translator, "test_2017_flickr", beam_size)
-        val = judged(translator, "val", beam_size)
-        names = list(SEARCH_FEATURES[search])
-        rows = fit.feature_matrix([s.features for s in test["scored"]], names)
         served = calibration.searches[search]
-        confidence = np.array(
-            [served.confidence(s.features) for s in test["scored"]], dtype=np.float64
-        )
-        raw = rows[:, names.index("mean_log_prob")]
-        good = test["chrf"] >= threshold
-        results[search] = (test, val, confidence, good, names)
-        lines.append(
-            f"| {search}{'' if beam_size == 1 else f' {beam_size}'} "
-            f"| {fit.spearman(raw, test['chrf']):.3f} "
-            f"| {fit.spearman(confidence, test['chrf']):.3f} "
-            f"| {fit.expected_calibration_error(confidence, good):.3f} | {good.mean():.3f} "
-            f"| {lowest_share(raw, test['chrf']):.2f} "
-            f"| {lowest_share(confidence, test['chrf']):.2f} |"
-        )
+        for split in ("test_2017_flickr", "test_2016_flickr"):
+            test = judged(translator, split, beam_size)
+            confidence = np.array(
+                [served.confidence(s.features, s.source_ids, s.output_ids) for s in test["scored"]],
+                dtype=np.float64,
+            )
+            raw = np.array([s.features["mean_log_prob"] for s in test["scored"]])
+            good = test["chrf"] >= threshold
+            if split == "test_2017_flickr":
+                val = judged(translator, "val", beam_size)
+                results[search] = (test, val, confidence, good, served)
+            spearman_raw = fit.spearman(raw, test["chrf"])
+            spearman = fit.spearman(confidence, test["chrf"])
+            lines.append(
+                f"| {search}{'' if beam_size == 1 else f' {beam_size}'} | {split} "
+                f"| {spearman_raw:.3f} | {spearman:.3f} (+{spearman - spearman_raw:.3f}) "
+                f"| {fit.expected_calibration_error(confidence, good):.3f} | {good.mean():.3f} "
+                f"| {lowest_share(raw, test['chrf']):.2f} "
+                f"| {lowest_share(confidence, test['chrf']):.2f} |"
+            )
 
-    test, val, confidence, good, names = results["beam"]
+    test, val, confidence, good, served = results["beam"]
+    names = served.features
     lines += ["", "Reliability (beam 4, test_2017_flickr):", "", *reliability(confidence, good)]
 
     lines += [
@@ -178,15 +184,27 @@ def main() -> None:
     ]
 
     def refit(kept: list[str]) -> tuple[float, float]:
-        rows = fit.feature_matrix([s.features for s in val["scored"]], kept)
-        fitted = fit.fit_search(rows, val["chrf"], threshold, kept)
+        """The served calibration refitted on val with the features `kept` (its lexicon as
+        it is, when kept), judged on test."""
+        features = [served.row(s.features, s.source_ids, s.output_ids) for s in val["scored"]]
+        fitted = fit.fit_search(
+            fit.feature_matrix(features, kept),
+            val["chrf"],
+            threshold,
+            kept,
+            served.lexicon.model_dump() if LEXICON in kept else None,
+        )
         chance = SearchCalibration(**vars(fitted))
-        found = np.array([chance.confidence(s.features) for s in test["scored"]])
+        found = np.array(
+            [chance.confidence(s.features, s.source_ids, s.output_ids) for s in test["scored"]]
+        )
         return fit.spearman(found, test["chrf"]), fit.expected_calibration_error(found, good)
 
     spearman, ece = refit(names)
     lines.append(f"| all {len(names)} | {spearman:.3f} | {ece:.3f} |")
     for group, members in GROUPS.items():
+        if not set(members) & set(names):
+            continue
         spearman, ece = refit([n for n in names if n not in members])
         lines.append(f"| without {group} | {spearman:.3f} | {ece:.3f} |")
     spearman, ece = refit(["mean_log_prob"])

@@ -42,12 +42,7 @@ READY_TIMEOUT_SECONDS = 180.0
 def served_options(beam_size: int) -> SearchOptions:
     """A search as the server runs it by default (length penalty, repetition guard), without
     reading the environment: what benchmarks translate with to time or judge the product."""
-    served = Settings.model_construct()
-    return SearchOptions(
-        beam_size=beam_size,
-        length_penalty=served.default_length_penalty,
-        max_repeats=served.max_repeats,
-    )
+    return Settings.model_construct().default_search(beam_size)
 
 
 def ensure_bundle(bundles: Path = BUNDLES) -> Path:

@@ -9,6 +9,10 @@ them against the references and fits what the server applies:
   reference is at least `good_chrf`), fitted in two steps with scikit-learn (fit_search). Its
   mean and scale, weights and bias are the file's, so the server needs no scikit-learn to
   apply it, and anyone can read what carries the signal.
+* with jackknifed labels (export/jackknife.py), a lexicon: a ridge regression over which
+  pieces a source and its translation hold, of what the decoder's features leave unexplained
+  of the chrF of tens of thousands of translations (fit_lexicon); its score is one more
+  feature of the logistic regression.
 * the word threshold: a word is doubtful below the probability that best separates the
   output words found in the reference from those that are not (Youden's J: the largest
   true-positive rate minus false-positive rate).
@@ -16,12 +20,14 @@ them against the references and fits what the server applies:
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import sacrebleu
+from scipy import sparse
 from scipy.stats import spearmanr
 from sklearn.linear_model import LogisticRegression, Ridge
 
@@ -31,6 +37,9 @@ from sklearn.linear_model import LogisticRegression, Ridge
 GOOD_CHRF = 50.0
 # The ranking's ridge penalty (on standardized features; 1 to 100 rank alike on Multi30k).
 RIDGE_ALPHA = 10.0
+# The lexicon's ridge penalty, over piece indicators (30 to 1,000 rank within 0.006 on
+# Multi30k's jackknifed labels: docs/confidence.md).
+LEXICON_ALPHA = 100.0
 # Translations needed on each side of the threshold (good and not good) to fit anything.
 MIN_SIDE = 20
 
@@ -48,6 +57,7 @@ class FittedSearch:
     scale: list[float]
     weights: list[float]
     bias: float
+    lexicon: dict | None = None  # service.serving.confidence.Lexicon's fields
 
     def predict(self, rows: np.ndarray) -> np.ndarray:
         z = self.bias + ((rows - np.array(self.mean)) / np.array(self.scale)) @ np.array(
@@ -60,8 +70,21 @@ def feature_matrix(features: list[dict[str, float]], names: list[str]) -> np.nda
     return np.array([[row[name] for name in names] for row in features], dtype=np.float64)
 
 
+def ridge_ranking(rows: np.ndarray, chrf: np.ndarray) -> tuple[np.ndarray, np.ndarray, Ridge]:
+    """A ridge regression of chrF [n] on the standardized rows [n, features]: their mean
+    and scale [features], and the fitted Ridge."""
+    mean = rows.mean(axis=0)
+    scale = rows.std(axis=0)
+    scale[scale == 0] = 1.0  # a constant feature (agreement in greedy search) carries nothing
+    return mean, scale, Ridge(alpha=RIDGE_ALPHA).fit((rows - mean) / scale, chrf)
+
+
 def fit_search(
-    rows: np.ndarray, chrf: np.ndarray, good_chrf: float, names: list[str]
+    rows: np.ndarray,
+    chrf: np.ndarray,
+    good_chrf: float,
+    names: list[str],
+    lexicon: dict | None = None,
 ) -> FittedSearch:
     """The sentence confidence for rows [n, features] of sentences whose chrF is `chrf` [n],
     in two steps that fold into one logistic regression:
@@ -74,7 +97,8 @@ def fit_search(
 
     confidence = sigmoid(a * (ridge_bias + ridge_weights . z) + b) = sigmoid(bias + weights . z)
     with z the standardized features: the file stores weights = a * ridge_weights and
-    bias = a * ridge_bias + b."""
+    bias = a * ridge_bias + b. With a lexicon (fit_lexicon), one of the rows' columns is its
+    score, and the file keeps it."""
     good = int((chrf >= good_chrf).sum())
     if min(good, len(chrf) - good) < MIN_SIDE:
         raise ValueError(
@@ -82,12 +106,8 @@ def fit_search(
             f"few on one side to learn from (at least {MIN_SIDE} each); choose another "
             f"threshold (their median chrF is {float(np.median(chrf)):.1f}) or more sentences"
         )
-    mean = rows.mean(axis=0)
-    scale = rows.std(axis=0)
-    scale[scale == 0] = 1.0  # a constant feature (agreement in greedy search) carries nothing
-    standardized = (rows - mean) / scale
-    ranking = Ridge(alpha=RIDGE_ALPHA).fit(standardized, chrf)
-    score = ranking.predict(standardized)
+    mean, scale, ranking = ridge_ranking(rows, chrf)
+    score = ranking.predict((rows - mean) / scale)
     platt = LogisticRegression(C=1.0, max_iter=1000).fit(score[:, None], chrf >= good_chrf)
     a, b = float(platt.coef_[0, 0]), float(platt.intercept_[0])
     return FittedSearch(
@@ -96,6 +116,63 @@ def fit_search(
         [round(float(v), 6) for v in scale],
         [round(a * float(w), 6) for w in ranking.coef_],
         round(a * float(ranking.intercept_) + b, 6),
+        lexicon,
+    )
+
+
+def piece_indicators(
+    source_ids: list[list[int]], output_ids: list[list[int]], vocab_sizes: tuple[int, int]
+) -> sparse.csr_matrix:
+    """[sentences, source vocabulary + target vocabulary]: 1 where a sentence's source
+    (left) or translation (right) holds a piece, however often."""
+    source_size = vocab_sizes[0]
+    rows, columns = [], []
+    for row, (source, output) in enumerate(zip(source_ids, output_ids, strict=True)):
+        held = {*source} | {source_size + piece for piece in output}
+        rows += [row] * len(held)
+        columns += sorted(held)
+    return sparse.csr_matrix(
+        (np.ones(len(rows)), (rows, columns)), shape=(len(source_ids), sum(vocab_sizes))
+    )
+
+
+def fit_lexicon(
+    rows: np.ndarray,
+    chrf: np.ndarray,
+    source_ids: list[list[int]],
+    output_ids: list[list[int]],
+    vocab_sizes: tuple[int, int],
+) -> dict:
+    """A weight per source piece and per target piece: a ridge regression over which
+    pieces each translation's source and output hold (piece_indicators), of what a ranking
+    of its own features (rows [n, features]) leaves of its chrF [n]. Fitted on jackknifed
+    labels (translations by models that had not seen their sources), it learns which words
+    are hard to translate well beyond what the decoder's uncertainty shows. Returns
+    service.serving.confidence.Lexicon's fields (weights in chrF points)."""
+    mean, scale, ranking = ridge_ranking(rows, chrf)
+    left = chrf - ranking.predict((rows - mean) / scale)
+    lexicon = Ridge(alpha=LEXICON_ALPHA).fit(
+        piece_indicators(source_ids, output_ids, vocab_sizes), left
+    )
+    weights = [round(float(w), 4) for w in lexicon.coef_]
+    return {
+        "bias": round(float(lexicon.intercept_), 4),
+        "source": weights[: vocab_sizes[0]],
+        "target": weights[vocab_sizes[0] :],
+    }
+
+
+def file_text(calibration: dict) -> str:
+    """confidence.json's text: indented, each list of numbers on one line (a lexicon's
+    thousands of weights would otherwise take a line each)."""
+    text = json.dumps(calibration, indent=2)
+    return (
+        re.sub(
+            r"\[\s*(-?[0-9][-0-9.e+]*(?:,\s*-?[0-9][-0-9.e+]*)*)\s*\]",
+            lambda numbers: "[" + ", ".join(n.strip() for n in numbers.group(1).split(",")) + "]",
+            text,
+        )
+        + "\n"
     )
 
 

@@ -40,6 +40,12 @@ class Bundle:
         return self.manifest["model"]
 
     @property
+    def vocab_sizes(self) -> tuple[int, int]:
+        """(source, target): the ids the encoder reads and the decoder writes."""
+        target = self.dims["vocab_size"]
+        return self.dims.get("source_vocab_size", target), target
+
+    @property
     def special_ids(self) -> dict:
         return self.manifest["special_ids"]
 

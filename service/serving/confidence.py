@@ -14,6 +14,12 @@ what good means: e.g. a sentence chrF of at least 50 against a reference). A bun
 `confidence.json` still answers with the raw score (the mean token log-prob) and each word's
 probability, but no calibrated sentence confidence and no doubtful flags.
 
+The decoder does not know which words are hard to translate well, only how sure it was of
+them. A calibration may add a lexicon (`nmt calibrate --jackknife`): a weight per source piece
+and per output piece, learned from tens of thousands of translations made by models that had
+not seen their sources (export/jackknife.py); a sentence's `lexicon` feature is the sum of the
+weights of the pieces it holds.
+
 A word's confidence is the probability the decoder gave it: the product of its pieces'
 probabilities. It is doubtful below the threshold chosen on validation data.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +42,9 @@ from service.runtime.search import SearchOptions
 if TYPE_CHECKING:
     from service.runtime.translator import Translator
 
-CONFIDENCE_FORMAT = 1
+# What this server writes; it reads format 1 too (the same file without lexicons).
+CONFIDENCE_FORMAT = 2
+READABLE_FORMATS = (1, 2)
 
 SENTENCE_FEATURES = (
     "mean_log_prob",  # the raw score: mean of the tokens' log-probs, </s> included
@@ -50,6 +59,8 @@ SENTENCE_FEATURES = (
     "eos_attention",  # attention on the source's </s> (looking at nothing in particular)
     "agreement",  # how much a beam's other hypotheses share with the best (beam search only)
 )
+# A calibration with a lexicon reads one feature more: the weights of the sentence's pieces.
+LEXICON = "lexicon"
 # Which features each search has: greedy search has no other hypotheses to agree with.
 SEARCH_FEATURES = {
     "greedy": tuple(f for f in SENTENCE_FEATURES if f != "agreement"),
@@ -146,9 +157,29 @@ def _bag(tokens: list[int]) -> dict[int, int]:
 # --- the calibration file (confidence.json) ----------------------------------------------------
 
 
+class Lexicon(BaseModel):
+    """What the decoder's features leave unexplained, learned per piece: how much better or
+    worse (in sentence chrF) translations went, all else equal, when their source held a
+    piece, and when their translation did. score = bias + the weights of the distinct pieces
+    a sentence holds, on each side (ids as the model reads and writes them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    bias: float
+    source: list[float]  # [source vocabulary]
+    target: list[float]  # [target vocabulary]
+
+    def score(self, source_ids: Sequence[int], output_ids: Sequence[int]) -> float:
+        return (
+            self.bias
+            + sum(self.source[i] for i in set(source_ids))
+            + sum(self.target[i] for i in set(output_ids))
+        )
+
+
 class SearchCalibration(BaseModel):
     """A logistic regression over standardized features: confidence =
-    sigmoid(bias + sum(weights[i] * (x[i] - mean[i]) / scale[i]))."""
+    sigmoid(bias + sum(weights[i] * (x[i] - mean[i]) / scale[i])). With a lexicon, one of the
+    features is its score (LEXICON)."""
 
     model_config = ConfigDict(extra="forbid")
     features: list[str]
@@ -156,12 +187,16 @@ class SearchCalibration(BaseModel):
     scale: list[float]
     weights: list[float]
     bias: float
+    lexicon: Lexicon | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> SearchCalibration:
-        unknown = sorted(set(self.features) - set(SENTENCE_FEATURES))
+        known = (*SENTENCE_FEATURES, LEXICON) if self.lexicon is not None else SENTENCE_FEATURES
+        unknown = sorted(set(self.features) - set(known))
         if unknown:
-            raise ValueError(f"unknown features {unknown} (known: {list(SENTENCE_FEATURES)})")
+            raise ValueError(f"unknown features {unknown} (known: {list(known)})")
+        if self.lexicon is not None and LEXICON not in self.features:
+            raise ValueError(f"a lexicon without the {LEXICON!r} feature that reads it")
         sizes = {len(self.features), len(self.mean), len(self.scale), len(self.weights)}
         if len(sizes) != 1:
             raise ValueError("features, mean, scale and weights must have the same length")
@@ -169,8 +204,21 @@ class SearchCalibration(BaseModel):
             raise ValueError("every scale must be positive")
         return self
 
-    def confidence(self, features: dict[str, float]) -> float:
-        x = np.array([features[name] for name in self.features])
+    def row(
+        self, features: dict[str, float], source_ids: Sequence[int], output_ids: Sequence[int]
+    ) -> dict[str, float]:
+        """The features it reads: the sentence's, and with a lexicon that lexicon's score of
+        the ids the encoder read and the ids produced (without </s> and a forced first
+        token)."""
+        if self.lexicon is None:
+            return features
+        return {**features, LEXICON: self.lexicon.score(source_ids, output_ids)}
+
+    def confidence(
+        self, features: dict[str, float], source_ids: Sequence[int], output_ids: Sequence[int]
+    ) -> float:
+        row = self.row(features, source_ids, output_ids)
+        x = np.array([row[name] for name in self.features])
         z = self.bias + float(
             np.dot(self.weights, (x - np.array(self.mean)) / np.array(self.scale))
         )
@@ -191,25 +239,46 @@ class CalibrationFile(BaseModel):
 
     @model_validator(mode="after")
     def _known(self) -> CalibrationFile:
-        if self.format != CONFIDENCE_FORMAT:
-            raise ValueError(f"format {self.format}, this server reads {CONFIDENCE_FORMAT}")
+        if self.format not in READABLE_FORMATS:
+            readable = " and ".join(map(str, READABLE_FORMATS))
+            raise ValueError(f"format {self.format}, this server reads {readable}")
         unknown = sorted(set(self.searches) - set(SEARCH_FEATURES))
         if unknown or not self.searches:
             raise ValueError(f"searches must be among {list(SEARCH_FEATURES)}, got {unknown}")
         return self
+
+    def check_vocabulary(self, source_size: int, target_size: int) -> None:
+        """Its lexicons were learned for a model of these vocabularies (ValueError if not)."""
+        for search, fitted in self.searches.items():
+            lexicon = fitted.lexicon
+            if lexicon is not None and (len(lexicon.source), len(lexicon.target)) != (
+                source_size,
+                target_size,
+            ):
+                raise ValueError(
+                    f"the {search} lexicon has {len(lexicon.source)} source and "
+                    f"{len(lexicon.target)} target weights, the model's vocabularies "
+                    f"{source_size} and {target_size}: calibrate it for this model"
+                )
 
 
 class CalibrationError(Exception):
     """A bundle's confidence.json cannot be read."""
 
 
-def load_calibration(bundle_dir: Path) -> CalibrationFile | None:
-    """The bundle's calibration, None when it has none."""
+def load_calibration(
+    bundle_dir: Path, vocab_sizes: tuple[int, int] | None = None
+) -> CalibrationFile | None:
+    """The bundle's calibration, None when it has none; with vocab_sizes (the model's source
+    and target vocabularies: Bundle.vocab_sizes), checked against them."""
     path = Path(bundle_dir) / CONFIDENCE_FILE
     if not path.is_file():
         return None
     try:
-        return CalibrationFile.model_validate(json.loads(path.read_text()))
+        calibration = CalibrationFile.model_validate(json.loads(path.read_text()))
+        if vocab_sizes is not None:
+            calibration.check_vocabulary(*vocab_sizes)
+        return calibration
     except (OSError, ValueError, ValidationError) as error:
         raise CalibrationError(f"{path}: {error}") from None
 
@@ -272,12 +341,18 @@ def sentence_confidence(
     features: dict[str, float],
     pieces: list[str],
     token_log_probs: np.ndarray,
+    *,
+    source_ids: Sequence[int],
+    output_ids: Sequence[int],
 ) -> SentenceConfidence:
     """A sentence's answer: calibrated confidence (when the bundle has a calibration for this
     search), raw score and words. `pieces`/`token_log_probs`: its produced tokens without the
-    forced first token and without </s>."""
+    forced first token and without </s>; `output_ids` those tokens, `source_ids` what the
+    encoder read (a lexicon reads both)."""
     chosen = calibration.searches.get(search) if calibration is not None else None
-    sentence = None if chosen is None else round(chosen.confidence(features), 4)
+    sentence = (
+        None if chosen is None else round(chosen.confidence(features, source_ids, output_ids), 4)
+    )
     threshold = None if chosen is None else calibration.word_threshold
     return SentenceConfidence(
         sentence,
@@ -319,6 +394,8 @@ class ScoredSentence:
     translation: str
     features: dict[str, float]
     words: list[WordConfidence]
+    source_ids: list[int]  # what the encoder read
+    output_ids: list[int]  # the produced tokens, without </s> and a forced first token
 
 
 def scored_sentences(
@@ -353,6 +430,8 @@ def scored_sentences(
                 tokenizer.decode(best.tokens),
                 sentence_features(best, hypotheses[1:], len(source), skip_first),
                 word_confidences(tokenizer.target_pieces(tokens), log_probs, None),
+                list(source),
+                list(tokens),
             )
         )
     return scored

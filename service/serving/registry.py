@@ -572,7 +572,8 @@ class ModelRegistry:
         settings = self.settings
         started = time.monotonic()
         bundle = load_bundle(path)
-        calibration = load_calibration(path)  # (a broken one fails the load, as a bundle's file)
+        # (a broken one fails the load, as a bundle's file)
+        calibration = load_calibration(path, bundle.vocab_sizes)
         shortlist = settings.shortlist and bundle.has_shortlist
         if settings.shortlist and not shortlist:
             log.warning("%s has no vocabulary shortlist: it scores the full vocabulary", path)

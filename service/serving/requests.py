@@ -564,6 +564,8 @@ def _confidence(
         features,
         model.translator.tokenizer.target_pieces(tokens),
         log_probs,
+        source_ids=source,
+        output_ids=tokens,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.runtime.search import SearchOptions
 from service.serving.repository import VersionPolicy
 
 
@@ -362,6 +363,16 @@ class Settings(BaseSettings):
         if self.encode_ahead == "auto":
             return self.engine_threads == 1 and self.decoding_workers == 1
         return self.encode_ahead == "true"
+
+    def default_search(self, beam_size: int) -> SearchOptions:
+        """A search as this server runs one that names nothing but its beam: the default
+        length penalty and the repetition guard (what calibrations and benchmarks translate
+        with, as clients get it)."""
+        return SearchOptions(
+            beam_size=beam_size,
+            length_penalty=self.default_length_penalty,
+            max_repeats=self.max_repeats,
+        )
 
     @property
     def api_key_list(self) -> list[str]:

@@ -43,7 +43,7 @@ def test_the_stored_regression_is_the_ridge_ranking_calibrated_by_scikit_learn()
     served = SearchCalibration(**vars(fitted))
     for row, expected in zip(rows[:50], expected_chances, strict=True):
         features = {"mean_log_prob": row[0], "mean_margin": row[1]}
-        assert served.confidence(features) == pytest.approx(expected, abs=1e-4)
+        assert served.confidence(features, [], []) == pytest.approx(expected, abs=1e-4)
     assert abs(fitted.weights[0]) > 5 * abs(fitted.weights[1])  # the informative feature
 
 

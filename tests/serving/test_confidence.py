@@ -15,6 +15,7 @@ from service.serving.confidence import (
     SENTENCE_FEATURES,
     CalibrationError,
     CalibrationFile,
+    Lexicon,
     SearchCalibration,
     agreement,
     attention_features,
@@ -128,7 +129,7 @@ def test_the_logistic_regression_is_the_formula_it_says():
     search = SearchCalibration(**calibration()["searches"]["greedy"])
     features = {"mean_log_prob": -0.1, "coverage": 0.5}
     z = 1.0 + 1.5 * (-0.1 + 0.3) / 0.2 + 0.5 * (0.5 - 0.7) / 0.1
-    assert search.confidence(features) == pytest.approx(1 / (1 + math.exp(-z)))
+    assert search.confidence(features, [5], [6]) == pytest.approx(1 / (1 + math.exp(-z)))
 
 
 GREEDY = calibration()["searches"]["greedy"]
@@ -146,7 +147,7 @@ def test_calibration_file_round_trip(tmp_path: Path):
 @pytest.mark.parametrize(
     "broken, message",
     [
-        ({"format": 2}, "format 2"),
+        ({"format": 3}, "format 3"),
         ({"searches": {"sampling": calibration()["searches"]["greedy"]}}, "searches must be"),
         (
             {
@@ -172,20 +173,33 @@ def test_a_broken_calibration_file_is_refused_naming_the_file(tmp_path: Path, br
 
 def test_without_a_calibration_only_the_raw_score_and_word_probabilities():
     features = dict.fromkeys(SENTENCE_FEATURES, 0.0) | {"mean_log_prob": -0.25}
-    found = sentence_confidence(None, "greedy", features, ["\u2581Hi"], np.array([-0.1]))
+    found = sentence_confidence(
+        None, "greedy", features, ["\u2581Hi"], np.array([-0.1]), source_ids=[9, 1], output_ids=[7]
+    )
     assert found.sentence is None and found.raw == -0.25
     assert found.words[0].doubtful is None
     calibrated = CalibrationFile.model_validate(calibration())
-    found = sentence_confidence(calibrated, "greedy", features, ["\u2581Hi"], np.array([-0.1]))
+    found = sentence_confidence(
+        calibrated, "greedy", features, ["\u2581Hi"], np.array([-0.1]), source_ids=[9, 1],
+        output_ids=[7],
+    )  # fmt: skip
     assert 0 < found.sentence < 1 and found.words[0].doubtful is False
     # a calibration for greedy search only says nothing of a beam search
-    assert sentence_confidence(calibrated, "beam", features, [], np.array([])).sentence is None
+    beam = sentence_confidence(
+        calibrated, "beam", features, [], np.array([]), source_ids=[1], output_ids=[]
+    )
+    assert beam.sentence is None
 
 
 def test_texts_and_pivots_combine_their_sentences():
-    first = sentence_confidence(None, "greedy", dict.fromkeys(SENTENCE_FEATURES, -1.0), [], [])
+    nothing = {"source_ids": [1], "output_ids": []}
+    first = sentence_confidence(
+        None, "greedy", dict.fromkeys(SENTENCE_FEATURES, -1.0), [], [], **nothing
+    )
     first.sentence = 0.8
-    second = sentence_confidence(None, "greedy", dict.fromkeys(SENTENCE_FEATURES, -0.5), [], [])
+    second = sentence_confidence(
+        None, "greedy", dict.fromkeys(SENTENCE_FEATURES, -0.5), [], [], **nothing
+    )
     second.sentence = 0.5
     text = text_confidence([first, second])
     assert text.sentence == pytest.approx(0.65) and text.raw == pytest.approx(-0.75)
@@ -193,3 +207,63 @@ def test_texts_and_pivots_combine_their_sentences():
     assert both.sentence == pytest.approx(0.4) and both.raw == pytest.approx(-1.5)
     second.sentence = None
     assert text_confidence([first, second]).sentence is None
+
+
+def lexicon_calibration() -> dict:
+    """A greedy calibration whose second feature is a lexicon over 4 source and 3 target
+    pieces."""
+    greedy = {
+        "features": ["mean_log_prob", "lexicon"],
+        "mean": [-0.3, 0.0],
+        "scale": [0.2, 2.0],
+        "weights": [1.5, 0.5],
+        "bias": 1.0,
+        "lexicon": {"bias": 0.5, "source": [0.0, 1.0, -2.0, 0.0], "target": [3.0, 0.0, -1.0]},
+    }
+    return calibration(format=2, searches={"greedy": greedy})
+
+
+def test_a_lexicon_adds_the_weights_of_the_distinct_pieces_on_each_side():
+    lexicon = Lexicon(bias=0.5, source=[0.0, 1.0, -2.0, 0.0], target=[3.0, 0.0, -1.0])
+    # source pieces 1 and 2 (2 twice: counted once), target pieces 0 and 2
+    assert lexicon.score([2, 1, 2], [0, 2, 2]) == pytest.approx(0.5 + 1.0 - 2.0 + 3.0 - 1.0)
+    assert lexicon.score([], []) == pytest.approx(0.5)
+    search = SearchCalibration(**lexicon_calibration()["searches"]["greedy"])
+    features = {"mean_log_prob": -0.1}
+    z = 1.0 + 1.5 * (-0.1 + 0.3) / 0.2 + 0.5 * (1.5 - 0.0) / 2.0
+    assert search.confidence(features, [2, 1, 2], [0, 2, 2]) == pytest.approx(
+        1 / (1 + math.exp(-z))
+    )
+    # a sentence without any weighted piece scores the lexicon's bias
+    z = 1.0 + 1.5 * (-0.1 + 0.3) / 0.2 + 0.5 * 0.5 / 2.0
+    assert search.confidence(features, [3], [1]) == pytest.approx(1 / (1 + math.exp(-z)))
+
+
+def test_a_calibration_with_a_lexicon_round_trips_and_format_1_is_still_read(tmp_path: Path):
+    (tmp_path / CONFIDENCE_FILE).write_text(json.dumps(lexicon_calibration()))
+    loaded = load_calibration(tmp_path, (4, 3))
+    assert CalibrationFile.model_validate_json(loaded.model_dump_json()) == loaded
+    assert loaded.searches["greedy"].lexicon.target == [3.0, 0.0, -1.0]
+    (tmp_path / CONFIDENCE_FILE).write_text(json.dumps(calibration(format=1)))
+    assert load_calibration(tmp_path, (4, 3)).searches["greedy"].lexicon is None
+
+
+def test_a_lexicon_for_another_vocabulary_fails_the_load_saying_why(tmp_path: Path):
+    (tmp_path / CONFIDENCE_FILE).write_text(json.dumps(lexicon_calibration()))
+    with pytest.raises(CalibrationError, match=r"4 source and 3 target weights.*8000 and 8000"):
+        load_calibration(tmp_path, (8000, 8000))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"lexicon": None}, "unknown features \\['lexicon'\\]"),
+        ({"features": ["mean_log_prob", "coverage"]}, "without the 'lexicon' feature"),
+    ],
+)
+def test_a_lexicon_and_its_feature_come_together(tmp_path: Path, change, message):
+    body = lexicon_calibration()
+    body["searches"]["greedy"].update(change)
+    (tmp_path / CONFIDENCE_FILE).write_text(json.dumps(body))
+    with pytest.raises(CalibrationError, match=message):
+        load_calibration(tmp_path)

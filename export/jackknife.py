@@ -1,0 +1,197 @@
+"""Jackknifed quality labels: translations with real errors, for the confidence's lexicon.
+
+    nmt jackknife split --out build/jackknife   # two halves of the training pairs, and the
+                                                # commands that train and export a model on each
+    # (run them: about 95 minutes each on one core of an AMD EPYC Zen 3, side by side)
+    nmt jackknife label --dir build/jackknife   # each half translated by the other's model
+    nmt calibrate --model-dir build/models/fr-en --jackknife build/jackknife
+
+Why: a calibration learns from translations whose quality is known, and the served model's
+own translations can be labelled only where it was not trained (Multi30k val: 1,014
+sentences); its training sources it has learned. Two models of the served model's shape,
+each trained on one half of the training pairs, translate the other half: 29,000
+translations with real errors, labelled by their sentence chrF against the reference. From
+them `nmt calibrate` learns a lexicon: which pieces make translations go better or worse than
+the decoder's own features foretell (export/calibration.py, fit_lexicon).
+
+The half-models share the served model's tokenizer (the labels record its checksum, and
+`nmt calibrate` refuses labels made with another), so that a piece means the same to both.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from export.calibration import sentence_chrf
+from export.data import read_lines
+from service.runtime.bundle import Bundle, load_bundle
+from service.runtime.sessions import EngineOptions
+from service.runtime.translator import Translator
+from service.serving.confidence import scored_sentences
+from service.serving.settings import Settings
+
+HALVES = ("a", "b")
+LABELS_FORMAT = 1
+# The recipe of each half for the committed fr-en model: its student's shape (6 + 1 layers,
+# pre-norm) trained on the references (the distilled targets come from teachers that saw
+# every training pair), 23 epochs, one core each (docs/confidence.md).
+FR_EN_RECIPE = (
+    "--tokenizer models/fr-en/sentencepiece.model --encoder-layers 6 --decoder-layers 1 "
+    "--pre-norm --positions sinusoidal_offset --decoder-start eos --warmup-steps 400 "
+    "--dropout 0.1 --patience 6 --threads 1 --device cpu --max-epochs 23 "
+    "--valid-bleu-sentences 400 --seed 1"
+)
+
+
+def other(half: str) -> str:
+    return HALVES[1 - HALVES.index(half)]
+
+
+def split(data: Path, out: Path, recipe: str = FR_EN_RECIPE, seed: int = 0) -> list[str]:
+    """The training pairs of `data` (train.fr, train.en) shuffled (seeded) into two halves,
+    each a data directory with the real val set and train.ids (which training lines it
+    holds); returns the commands that train and export a model on each, one core each."""
+    french, english = read_lines(data / "train.fr"), read_lines(data / "train.en")
+    if len(french) != len(english):
+        raise ValueError(f"{data}: {len(french)} French and {len(english)} English lines")
+    order = list(range(len(french)))
+    random.Random(seed).shuffle(order)  # (Multi30k's lines alternate in length: not by parity)
+    middle = len(order) // 2
+    for half, ids in zip(HALVES, (sorted(order[:middle]), sorted(order[middle:])), strict=True):
+        folder = out / f"data-{half}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "train.fr").write_text("".join(french[i] + "\n" for i in ids))
+        (folder / "train.en").write_text("".join(english[i] + "\n" for i in ids))
+        (folder / "train.ids").write_text("".join(f"{i}\n" for i in ids))
+        for lang in ("fr", "en"):
+            link = folder / f"val.{lang}"
+            if not link.exists():
+                link.symlink_to((data / f"val.{lang}").resolve())
+    return [
+        f"taskset -c {core} nmt train --run-dir {out}/runs/half-{half} --out {out}/half-{half} "
+        f"--data-dir {out}/data-{half} {recipe} && "
+        f"nmt export --checkpoint {out}/half-{half} --out {out}/bundle-{half}"
+        for core, half in enumerate(HALVES)
+    ]
+
+
+def tokenizer_checksum(bundle: Bundle) -> str:
+    """One checksum of a bundle's tokenizer files: equal when ids mean the same pieces."""
+    digest = hashlib.sha256()
+    for side in sorted(bundle.manifest["tokenizer"]):
+        digest.update(side.encode())
+        digest.update(bundle.tokenizer_file(side).read_bytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class Labels:
+    """Translations of held-out sentences by one search, with what their confidence is made
+    of and their sentence chrF against the reference."""
+
+    search: str
+    beam_size: int
+    tokenizer: str  # tokenizer_checksum of the models that made them
+    vocab_sizes: tuple[int, int]  # (source, target)
+    features: list[dict[str, float]]
+    source_ids: list[list[int]]
+    output_ids: list[list[int]]
+    chrf: list[float]
+
+
+def labels_path(jackknife: Path, search: str, half: str) -> Path:
+    """The labels of half `half`, translated by the model trained on the other half."""
+    return jackknife / "labels" / f"{search}-{half}.jsonl.gz"
+
+
+def label(jackknife: Path, searches: dict[str, int], batch_size: int = 32) -> list[Path]:
+    """Each half of `jackknife` translated by the model trained on the other half
+    (bundle-a, bundle-b), with each search of `searches` (name -> beam size), as the server
+    translates: both halves at once, one engine thread each. A labels file already written
+    is kept (an interrupted run goes on where it stopped)."""
+    bundles = {half: load_bundle(jackknife / f"bundle-{half}") for half in HALVES}
+    tokenizer = tokenizer_checksum(bundles["a"])
+    if tokenizer_checksum(bundles["b"]) != tokenizer:
+        raise ValueError(f"{jackknife}: bundle-a and bundle-b have different tokenizers")
+    translators = {
+        half: Translator(bundle, EngineOptions(intra_op_threads=1))
+        for half, bundle in bundles.items()
+    }
+    written = []
+    for search, beam_size in searches.items():
+        todo = [h for h in HALVES if not labels_path(jackknife, search, h).is_file()]
+
+        def translate_half(half: str, search=search, beam_size=beam_size) -> Path:
+            model = other(half)
+            folder = jackknife / f"data-{half}"
+            sources = read_lines(folder / "train.fr")
+            references = read_lines(folder / "train.en")
+            options = Settings.model_construct().default_search(beam_size)
+            scored = scored_sentences(translators[model], sources, options, batch_size)
+            header = {
+                "format": LABELS_FORMAT,
+                "search": search,
+                "beam_size": beam_size,
+                "model": f"bundle-{model}",
+                "data": f"data-{half}",
+                "tokenizer": tokenizer,
+                "vocab_sizes": list(bundles[model].vocab_sizes),
+                "sentences": len(scored),
+            }
+            path = labels_path(jackknife, search, half)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            with gzip.open(partial, "wt", encoding="utf-8") as out:
+                out.write(json.dumps(header) + "\n")
+                for s, reference in zip(scored, references, strict=True):
+                    row = {
+                        "features": s.features,
+                        "source_ids": s.source_ids,
+                        "output_ids": s.output_ids,
+                        "chrf": round(sentence_chrf(s.translation, reference), 4),
+                    }
+                    out.write(json.dumps(row) + "\n")
+            partial.rename(path)  # whole or not at all
+            return path
+
+        # ONNX Runtime lets go of the interpreter while it runs: the halves run side by side
+        with ThreadPoolExecutor(len(HALVES)) as pool:
+            written += list(pool.map(translate_half, todo))
+    return written
+
+
+def read_labels(jackknife: Path, search: str) -> Labels:
+    """Both halves' labels for one search, checked to come from one labelling."""
+    headers, labels = [], None
+    for half in HALVES:
+        path = labels_path(jackknife, search, half)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} is missing: run `nmt jackknife label --dir {jackknife}`"
+            )
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            header = json.loads(next(lines))
+            if header.get("format") != LABELS_FORMAT:
+                raise ValueError(f"{path}: format {header.get('format')}, not {LABELS_FORMAT}")
+            headers.append(header)
+            if labels is None:
+                labels = Labels(
+                    search, header["beam_size"], header["tokenizer"],
+                    tuple(header["vocab_sizes"]), [], [], [], [],
+                )  # fmt: skip
+            for line in lines:
+                row = json.loads(line)
+                labels.features.append(row["features"])
+                labels.source_ids.append(row["source_ids"])
+                labels.output_ids.append(row["output_ids"])
+                labels.chrf.append(row["chrf"])
+    same = ("beam_size", "tokenizer", "vocab_sizes")
+    if any(headers[0][key] != h[key] for h in headers[1:] for key in same):
+        raise ValueError(f"{jackknife}: the halves' {search} labels differ in {same}")
+    return labels

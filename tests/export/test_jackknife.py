@@ -1,0 +1,159 @@
+"""The jackknife (export/jackknife.py) and the lexicon learned from its labels
+(export/calibration.py): halves that split the pairs, piece indicators, a planted effect
+found again, and `nmt jackknife label` then `nmt calibrate --jackknife` on the committed model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn", reason="needs the export extra (scikit-learn)")
+
+from export import calibration as fit
+from export.jackknife import HALVES, labels_path, read_labels, split
+from export.train_config import multi30k_dir
+from nmt_contract import CONFIDENCE_FILE
+from service.runtime.bundle import load_bundle
+from service.serving.confidence import load_calibration
+from tests.conftest import ROOT
+
+
+def test_the_halves_split_the_training_pairs_without_overlap(tmp_path: Path):
+    data = tmp_path / "multi30k"
+    data.mkdir()
+    (data / "train.fr").write_text("".join(f"phrase {i}\n" for i in range(11)))
+    (data / "train.en").write_text("".join(f"sentence {i}\n" for i in range(11)))
+    for lang in ("fr", "en"):
+        (data / f"val.{lang}").write_text("val\n")
+
+    commands = split(data, tmp_path / "jackknife", recipe="--max-epochs 1")
+
+    halves = {}
+    for half in HALVES:
+        folder = tmp_path / "jackknife" / f"data-{half}"
+        ids = [int(line) for line in (folder / "train.ids").read_text().split()]
+        # each pair stays a pair, in the order of the original lines
+        assert (folder / "train.fr").read_text().splitlines() == [f"phrase {i}" for i in ids]
+        assert (folder / "train.en").read_text().splitlines() == [f"sentence {i}" for i in ids]
+        assert ids == sorted(ids)
+        assert (folder / "val.fr").read_text() == "val\n"
+        halves[half] = set(ids)
+    assert not halves["a"] & halves["b"]
+    assert halves["a"] | halves["b"] == set(range(11))
+    assert {len(halves["a"]), len(halves["b"])} == {5, 6}
+    # one core each, each model trained on its own half with the recipe, then exported
+    assert [c.split()[:3] for c in commands] == [["taskset", "-c", "0"], ["taskset", "-c", "1"]]
+    for half, command in zip(HALVES, commands, strict=True):
+        assert f"data-{half} --max-epochs 1" in command
+        assert f"--out {tmp_path}/jackknife/bundle-{half}" in command
+
+
+def test_mismatched_training_files_are_refused(tmp_path: Path):
+    (tmp_path / "train.fr").write_text("un\ndeux\n")
+    (tmp_path / "train.en").write_text("one\n")
+    with pytest.raises(ValueError, match="2 French and 1 English lines"):
+        split(tmp_path, tmp_path / "out")
+
+
+def test_piece_indicators_mark_source_and_output_pieces_apart():
+    matrix = fit.piece_indicators([[3, 1, 3], [0]], [[2], [2, 2, 0]], (4, 3)).toarray()
+    assert matrix.shape == (2, 7)
+    assert matrix.tolist() == [
+        [0, 1, 0, 1, 0, 0, 1],  # source 1 and 3 (3 twice: held once), output 2
+        [1, 0, 0, 0, 1, 0, 1],  # source 0, output 0 and 2
+    ]
+
+
+def test_the_lexicon_finds_planted_pieces_beyond_what_the_features_explain():
+    """chrF made of a feature, a hard source piece (-15), a good output piece (+8) and
+    noise: the lexicon weighs those two pieces and not the others; the feature's share it
+    leaves to the feature."""
+    rng = np.random.default_rng(0)
+    count, vocab_sizes = 6000, (30, 20)
+    source_ids = [list(rng.choice(30, 5, replace=False)) for _ in range(count)]
+    output_ids = [list(rng.choice(20, 4, replace=False)) for _ in range(count)]
+    feature = rng.normal(0, 1, count)
+    hard = np.array([7 in s for s in source_ids])
+    good = np.array([3 in o for o in output_ids])
+    chrf = 60 + 10 * feature - 15 * hard + 8 * good + rng.normal(0, 5, count)
+
+    lexicon = fit.fit_lexicon(feature[:, None], chrf, source_ids, output_ids, vocab_sizes)
+
+    source, target = np.array(lexicon["source"]), np.array(lexicon["target"])
+    assert (len(source), len(target)) == vocab_sizes
+    assert source[7] < -10 and target[3] > 5
+    assert np.abs(np.delete(source, 7)).max() < 2 and np.abs(np.delete(target, 3)).max() < 2
+
+
+@pytest.mark.slow
+def test_labels_then_a_calibration_with_lexicons_the_server_reads(
+    fr_en_bundle: Path, tmp_path: Path
+):
+    """`nmt jackknife label` (the committed model standing in for both half-models, on 300
+    training pairs) then `nmt calibrate --jackknife` (on 300 val sentences), through the
+    command line, read back as the server reads it."""
+    data = multi30k_dir()
+    if not (data / "val.fr").exists():
+        pytest.skip(f"Multi30k is not at {data}")
+    small = tmp_path / "data"
+    small.mkdir()
+    for prefix in ("train", "val"):
+        for language in ("fr", "en"):
+            lines = (data / f"{prefix}.{language}").read_text().splitlines()[:300]
+            (small / f"{prefix}.{language}").write_text("\n".join(lines) + "\n")
+    jackknife = tmp_path / "jackknife"
+    split(small, jackknife)
+    for half in HALVES:
+        (jackknife / f"bundle-{half}").symlink_to(fr_en_bundle, target_is_directory=True)
+
+    def nmt(*arguments: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, "nmt_cli.py", *arguments],
+            cwd=ROOT, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done
+
+    nmt("jackknife", "label", "--dir", str(jackknife))
+    labels = read_labels(jackknife, "beam")
+    assert len(labels.chrf) == 300 and labels.beam_size == 4
+    assert labels.vocab_sizes == load_bundle(fr_en_bundle).vocab_sizes
+    assert all(0 <= c <= 100 for c in labels.chrf)
+
+    out = tmp_path / CONFIDENCE_FILE  # (not into the shared bundle)
+    done = nmt(
+        "calibrate", "--model-dir", str(fr_en_bundle), "--jackknife", str(jackknife),
+        "--source", str(small / "val.fr"), "--reference", str(small / "val.en"),
+        "--out", str(out), "--threads", "1",
+    )  # fmt: skip
+    calibration = load_calibration(tmp_path, load_bundle(fr_en_bundle).vocab_sizes)
+    for search in ("greedy", "beam"):
+        fitted = calibration.searches[search]
+        assert "lexicon" in fitted.features and fitted.lexicon is not None
+        assert any(w != 0 for w in fitted.lexicon.source)
+    summary = json.loads(done.stdout)
+    assert summary["beam_ece"] < 0.1
+
+    # labels made by models with another tokenizer are refused, saying why
+    for half in HALVES:
+        path = labels_path(jackknife, "greedy", half)
+        with gzip.open(path, "rt") as lines:
+            header, *rows = lines.read().splitlines()
+        header = json.dumps({**json.loads(header), "tokenizer": "0" * 64})
+        with gzip.open(path, "wt") as out:
+            out.write("\n".join([header, *rows]) + "\n")
+    refused = subprocess.run(
+        [sys.executable, "nmt_cli.py", "calibrate", "--model-dir", str(fr_en_bundle),
+         "--jackknife", str(jackknife), "--source", str(small / "val.fr"),
+         "--reference", str(small / "val.en"), "--out", str(tmp_path / "x.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "another tokenizer" in refused.stderr
+    assert not (tmp_path / "x.json").exists()
