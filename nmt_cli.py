@@ -267,7 +267,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                 labels = read_labels(args.jackknife, search)
             except (OSError, ValueError) as error:
                 raise SystemExit(f"nmt calibrate: {error}") from None
-            if labels.tokenizer != tokenizer_checksum(bundle):
+            if labels.tokenizer != tokenizer_checksum(bundle.tokenizer_files):
                 raise SystemExit(
                     f"nmt calibrate: {args.jackknife}'s models have another tokenizer than "
                     f"{args.model_dir}: their pieces would not mean the same"
@@ -340,11 +340,78 @@ def _cmd_jackknife(args: argparse.Namespace) -> int:
         print(f"# then: nmt jackknife label --dir {args.out}")
         return 0
     try:
-        written = jackknife.label(args.dir, {"greedy": 1, "beam": args.beam_size})
+        written = _label_halves(args.dir, {"greedy": 1, "beam": args.beam_size})
     except (OSError, ValueError) as error:  # (a missing or broken half-model bundle)
         raise SystemExit(f"nmt jackknife label: {error}") from None
     print(json.dumps({"written": [str(p) for p in written]}))
     return 0
+
+
+def _label_halves(folder: Path, searches: dict[str, int], batch_size: int = 32) -> list[Path]:
+    """Each half of the jackknife in `folder` translated by the model trained on the other
+    half (bundle-a, bundle-b), with each search (name -> beam size) as the server translates,
+    labelled with its sentence chrF: both halves at once, one engine thread each. A labels
+    file already written is kept (an interrupted run goes on where it stopped)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from export.calibration import sentence_chrf
+    from export.data import read_lines
+    from export.jackknife import HALVES, labels_path, other, tokenizer_checksum, write_labels
+    from service.runtime.bundle import load_bundle
+    from service.runtime.sessions import EngineOptions
+    from service.runtime.translator import Translator
+    from service.serving.confidence import scored_sentences
+    from service.serving.settings import Settings
+
+    bundles = {half: load_bundle(folder / f"bundle-{half}") for half in HALVES}
+    tokenizer = tokenizer_checksum(bundles["a"].tokenizer_files)
+    if tokenizer_checksum(bundles["b"].tokenizer_files) != tokenizer:
+        raise ValueError(f"{folder}: bundle-a and bundle-b have different tokenizers")
+    translators = {
+        half: Translator(bundle, EngineOptions(intra_op_threads=1))
+        for half, bundle in bundles.items()
+    }
+    served = Settings.model_construct()  # the server's defaults (no environment read)
+
+    def label_half(search: str, half: str) -> Path:
+        model, data = other(half), folder / f"data-{half}"
+        references = read_lines(data / "train.en")
+        beam_size = searches[search]
+        scored = scored_sentences(
+            translators[model],
+            read_lines(data / "train.fr"),
+            served.default_search(beam_size),
+            batch_size,
+        )
+        header = {
+            "search": search,
+            "beam_size": beam_size,
+            "model": f"bundle-{model}",
+            "data": f"data-{half}",
+            "tokenizer": tokenizer,
+            "vocab_sizes": list(bundles[model].vocab_sizes),
+            "sentences": len(scored),
+        }
+        rows = (
+            {
+                "features": s.features,
+                "source_ids": s.source_ids,
+                "output_ids": s.output_ids,
+                "chrf": round(sentence_chrf(s.translation, reference), 4),
+            }
+            for s, reference in zip(scored, references, strict=True)
+        )
+        path = labels_path(folder, search, half)
+        write_labels(path, header, rows)
+        return path
+
+    written = []
+    for search in searches:
+        todo = [h for h in HALVES if not labels_path(folder, search, h).is_file()]
+        # ONNX Runtime lets go of the interpreter while it runs: the halves run side by side
+        with ThreadPoolExecutor(len(HALVES)) as pool:
+            written += list(pool.map(label_half, [search] * len(todo), todo))
+    return written
 
 
 def _add_jackknife(subparsers: argparse._SubParsersAction) -> None:

@@ -14,7 +14,9 @@ translations with real errors, labelled by their sentence chrF against the refer
 them `nmt calibrate` learns a lexicon: which pieces make translations go better or worse than
 the decoder's own features foretell (export/calibration.py, fit_lexicon).
 
-The half-models share the served model's tokenizer (the labels record its checksum, and
+This module splits, and writes and reads the labels; `nmt jackknife label` (nmt_cli, where
+the offline side may meet the runtime) translates as the server does. The half-models share
+the served model's tokenizer (the labels record its checksum, and
 `nmt calibrate` refuses labels made with another), so that a piece means the same to both.
 """
 
@@ -24,17 +26,11 @@ import gzip
 import hashlib
 import json
 import random
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from export.calibration import sentence_chrf
 from export.data import read_lines
-from service.runtime.bundle import Bundle, load_bundle
-from service.runtime.sessions import EngineOptions
-from service.runtime.translator import Translator
-from service.serving.confidence import scored_sentences
-from service.serving.settings import Settings
 
 HALVES = ("a", "b")
 LABELS_FORMAT = 1
@@ -81,12 +77,13 @@ def split(data: Path, out: Path, recipe: str = FR_EN_RECIPE, seed: int = 0) -> l
     ]
 
 
-def tokenizer_checksum(bundle: Bundle) -> str:
-    """One checksum of a bundle's tokenizer files: equal when ids mean the same pieces."""
+def tokenizer_checksum(files: dict[str, Path]) -> str:
+    """One checksum of a bundle's tokenizer files (side -> path: Bundle.tokenizer_files):
+    equal when ids mean the same pieces."""
     digest = hashlib.sha256()
-    for side in sorted(bundle.manifest["tokenizer"]):
+    for side in sorted(files):
         digest.update(side.encode())
-        digest.update(bundle.tokenizer_file(side).read_bytes())
+        digest.update(Path(files[side]).read_bytes())
     return digest.hexdigest()
 
 
@@ -110,60 +107,17 @@ def labels_path(jackknife: Path, search: str, half: str) -> Path:
     return jackknife / "labels" / f"{search}-{half}.jsonl.gz"
 
 
-def label(jackknife: Path, searches: dict[str, int], batch_size: int = 32) -> list[Path]:
-    """Each half of `jackknife` translated by the model trained on the other half
-    (bundle-a, bundle-b), with each search of `searches` (name -> beam size), as the server
-    translates: both halves at once, one engine thread each. A labels file already written
-    is kept (an interrupted run goes on where it stopped)."""
-    bundles = {half: load_bundle(jackknife / f"bundle-{half}") for half in HALVES}
-    tokenizer = tokenizer_checksum(bundles["a"])
-    if tokenizer_checksum(bundles["b"]) != tokenizer:
-        raise ValueError(f"{jackknife}: bundle-a and bundle-b have different tokenizers")
-    translators = {
-        half: Translator(bundle, EngineOptions(intra_op_threads=1))
-        for half, bundle in bundles.items()
-    }
-    written = []
-    for search, beam_size in searches.items():
-        todo = [h for h in HALVES if not labels_path(jackknife, search, h).is_file()]
-
-        def translate_half(half: str, search=search, beam_size=beam_size) -> Path:
-            model = other(half)
-            folder = jackknife / f"data-{half}"
-            sources = read_lines(folder / "train.fr")
-            references = read_lines(folder / "train.en")
-            options = Settings.model_construct().default_search(beam_size)
-            scored = scored_sentences(translators[model], sources, options, batch_size)
-            header = {
-                "format": LABELS_FORMAT,
-                "search": search,
-                "beam_size": beam_size,
-                "model": f"bundle-{model}",
-                "data": f"data-{half}",
-                "tokenizer": tokenizer,
-                "vocab_sizes": list(bundles[model].vocab_sizes),
-                "sentences": len(scored),
-            }
-            path = labels_path(jackknife, search, half)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(".partial")
-            with gzip.open(partial, "wt", encoding="utf-8") as out:
-                out.write(json.dumps(header) + "\n")
-                for s, reference in zip(scored, references, strict=True):
-                    row = {
-                        "features": s.features,
-                        "source_ids": s.source_ids,
-                        "output_ids": s.output_ids,
-                        "chrf": round(sentence_chrf(s.translation, reference), 4),
-                    }
-                    out.write(json.dumps(row) + "\n")
-            partial.rename(path)  # whole or not at all
-            return path
-
-        # ONNX Runtime lets go of the interpreter while it runs: the halves run side by side
-        with ThreadPoolExecutor(len(HALVES)) as pool:
-            written += list(pool.map(translate_half, todo))
-    return written
+def write_labels(path: Path, header: dict, rows: Iterable[dict]) -> None:
+    """A labels file: a header line (LABELS_FORMAT, the search, its beam, the tokenizer's
+    checksum, the vocabularies) and a line per translation (features, source_ids,
+    output_ids, chrf); written whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    with gzip.open(partial, "wt", encoding="utf-8") as out:
+        out.write(json.dumps({"format": LABELS_FORMAT, **header}) + "\n")
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    partial.rename(path)
 
 
 def read_labels(jackknife: Path, search: str) -> Labels:

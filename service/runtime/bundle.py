@@ -103,6 +103,11 @@ class Bundle:
     def tokenizer_file(self, side: str) -> Path:
         return self.path / self.manifest["tokenizer"][side]
 
+    @property
+    def tokenizer_files(self) -> dict[str, Path]:
+        """Each tokenizer role ("source", "target", "vocab", ...) and its file."""
+        return {side: self.tokenizer_file(side) for side in self.manifest["tokenizer"]}
+
 
 def load_bundle(path: Path, verify: bool = True) -> Bundle:
     """Read `bundle.json` and check every file it lists against its checksum."""
