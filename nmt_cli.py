@@ -339,9 +339,11 @@ def _cmd_jackknife(args: argparse.Namespace) -> int:
         print("\n".join(commands))
         print(f"# then: nmt jackknife label --dir {args.out}")
         return 0
+    from service.runtime.bundle import BundleError
+
     try:
         written = _label_halves(args.dir, {"greedy": 1, "beam": args.beam_size})
-    except (OSError, ValueError) as error:  # (a missing or broken half-model bundle)
+    except (OSError, ValueError, BundleError) as error:  # (a missing or broken half-model)
         raise SystemExit(f"nmt jackknife label: {error}") from None
     print(json.dumps({"written": [str(p) for p in written]}))
     return 0

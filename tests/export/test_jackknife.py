@@ -61,6 +61,16 @@ def test_mismatched_training_files_are_refused(tmp_path: Path):
         split(tmp_path, tmp_path / "out")
 
 
+def test_labelling_without_the_half_models_says_what_is_missing(tmp_path: Path):
+    done = subprocess.run(
+        [sys.executable, "nmt_cli.py", "jackknife", "label", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert done.stderr.startswith("nmt jackknife label:") and "bundle-a" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_piece_indicators_mark_source_and_output_pieces_apart():
     matrix = fit.piece_indicators([[3, 1, 3], [0]], [[2], [2, 2, 0]], (4, 3)).toarray()
     assert matrix.shape == (2, 7)
