@@ -221,7 +221,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     from export import calibration as fit
     from export.data import read_lines
-    from export.jackknife import read_labels, tokenizer_checksum
+    from export.jackknife import pooled, tokenizer_checksum
     from export.train_config import multi30k_dir
     from nmt_contract import CONFIDENCE_FILE
     from service.runtime.bundle import load_bundle
@@ -263,18 +263,19 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         features = [s.features for s in scored]
         lexicon = None
         if args.jackknife:
+            jackknives = " ".join(map(str, args.jackknife))
             try:
-                labels = read_labels(args.jackknife, search)
+                labels = pooled(args.jackknife, search)
             except (OSError, ValueError) as error:
                 raise SystemExit(f"nmt calibrate: {error}") from None
             if labels.tokenizer != tokenizer_checksum(bundle.tokenizer_files):
                 raise SystemExit(
-                    f"nmt calibrate: {args.jackknife}'s models have another tokenizer than "
+                    f"nmt calibrate: {jackknives}'s models have another tokenizer than "
                     f"{args.model_dir}: their pieces would not mean the same"
                 )
             if labels.beam_size != beam_size:
                 raise SystemExit(
-                    f"nmt calibrate: {args.jackknife}'s {search} labels were made with beam "
+                    f"nmt calibrate: {jackknives}'s {search} labels were made with beam "
                     f"{labels.beam_size}, not {beam_size}"
                 )
             lexicon = fit.fit_lexicon(
@@ -334,7 +335,9 @@ def _cmd_jackknife(args: argparse.Namespace) -> int:
 
     if args.jackknife_command == "split":
         recipe = args.recipe or jackknife.FR_EN_RECIPE
-        commands = jackknife.split(args.data_dir or multi30k_dir(), args.out, recipe)
+        commands = jackknife.split(
+            args.data_dir or multi30k_dir(), args.out, recipe, targets=args.targets
+        )
         print("# train and export a model on each half (side by side, one core each):")
         print("\n".join(commands))
         print(f"# then: nmt jackknife label --dir {args.out}")
@@ -377,7 +380,7 @@ def _label_halves(folder: Path, searches: dict[str, int], batch_size: int = 32) 
 
     def label_half(search: str, half: str) -> Path:
         model, data = other(half), folder / f"data-{half}"
-        references = read_lines(data / "train.en")
+        references = read_lines(data / "reference.en")
         beam_size = searches[search]
         scored = scored_sentences(
             translators[model],
@@ -430,6 +433,13 @@ def _add_jackknife(subparsers: argparse._SubParsersAction) -> None:
     split.add_argument("--data-dir", type=Path, help="train.fr/train.en (default: Multi30k)")
     split.add_argument(
         "--recipe", help="`nmt train` flags of each half-model (default: the fr-en model's shape)"
+    )
+    split.add_argument(
+        "--targets",
+        type=Path,
+        help="what the half-models learn to write, a line per training source (e.g. a "
+        "teacher's translations; default: the references); labels stay scored against the "
+        "references",
     )
     label = commands.add_parser(
         "label", help="translate each half with the other half's model, labelled with chrF"
@@ -720,7 +730,10 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--source-lang", help="a multilingual bundle's source language")
     calibrate.add_argument("--target-lang", help="a multilingual bundle's target language")
     calibrate.add_argument(
-        "--jackknife", type=Path, help="learn a lexicon from `nmt jackknife`'s labels there"
+        "--jackknife",
+        type=Path,
+        nargs="+",
+        help="learn a lexicon from `nmt jackknife`'s labels there (several: pooled)",
     )
     calibrate.add_argument("--out", type=Path, help="default: <model-dir>/confidence.json")
     _add_jackknife(subparsers)

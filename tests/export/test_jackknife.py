@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("sklearn", reason="needs the export extra (scikit-learn)")
 
 from export import calibration as fit
-from export.jackknife import HALVES, labels_path, read_labels, split
+from export.jackknife import HALVES, labels_path, pooled, read_labels, split, write_labels
 from export.train_config import multi30k_dir
 from nmt_contract import CONFIDENCE_FILE
 from service.runtime.bundle import load_bundle
@@ -41,6 +41,7 @@ def test_the_halves_split_the_training_pairs_without_overlap(tmp_path: Path):
         # each pair stays a pair, in the order of the original lines
         assert (folder / "train.fr").read_text().splitlines() == [f"phrase {i}" for i in ids]
         assert (folder / "train.en").read_text().splitlines() == [f"sentence {i}" for i in ids]
+        assert (folder / "reference.en").read_text() == (folder / "train.en").read_text()
         assert ids == sorted(ids)
         assert (folder / "val.fr").read_text() == "val\n"
         halves[half] = set(ids)
@@ -54,11 +55,55 @@ def test_the_halves_split_the_training_pairs_without_overlap(tmp_path: Path):
         assert f"--out {tmp_path}/jackknife/bundle-{half}" in command
 
 
+def test_halves_can_learn_a_teachers_targets_and_are_labelled_against_the_references(
+    tmp_path: Path,
+):
+    (tmp_path / "train.fr").write_text("".join(f"phrase {i}\n" for i in range(6)))
+    (tmp_path / "train.en").write_text("".join(f"sentence {i}\n" for i in range(6)))
+    teacher = tmp_path / "teacher.en"
+    teacher.write_text("".join(f"translation {i}\n" for i in range(6)))
+
+    split(tmp_path, tmp_path / "out", targets=teacher)
+
+    for half in HALVES:
+        folder = tmp_path / "out" / f"data-{half}"
+        ids = [int(line) for line in (folder / "train.ids").read_text().split()]
+        learned = [f"translation {i}" for i in ids]
+        assert (folder / "train.en").read_text().splitlines() == learned
+        references = [f"sentence {i}" for i in ids]
+        assert (folder / "reference.en").read_text().splitlines() == references
+
+
 def test_mismatched_training_files_are_refused(tmp_path: Path):
     (tmp_path / "train.fr").write_text("un\ndeux\n")
     (tmp_path / "train.en").write_text("one\n")
     with pytest.raises(ValueError, match="2 French and 1 English lines"):
         split(tmp_path, tmp_path / "out")
+    (tmp_path / "train.en").write_text("one\ntwo\n")
+    (tmp_path / "teacher.en").write_text("one\n")
+    with pytest.raises(ValueError, match="2 French and 1 target lines"):
+        split(tmp_path, tmp_path / "out", targets=tmp_path / "teacher.en")
+
+
+def _write_jackknife(folder: Path, beam_size: int, chrf: float) -> None:
+    """A jackknife's beam labels: one translation per half, each scored `chrf`."""
+    header = {"search": "beam", "beam_size": beam_size, "tokenizer": "t", "vocab_sizes": [9, 9]}
+    for half in HALVES:
+        row = {"features": {"mean_log_prob": -0.5}, "source_ids": [3], "output_ids": [4]}
+        write_labels(labels_path(folder, "beam", half), header, [{**row, "chrf": chrf}])
+
+
+def test_jackknives_are_pooled_and_must_agree_on_the_beam(tmp_path: Path):
+    _write_jackknife(tmp_path / "on-references", beam_size=4, chrf=40.0)
+    _write_jackknife(tmp_path / "on-translations", beam_size=4, chrf=60.0)
+    _write_jackknife(tmp_path / "beam-5", beam_size=5, chrf=50.0)
+
+    labels = pooled([tmp_path / "on-references", tmp_path / "on-translations"], "beam")
+
+    assert labels.chrf == [40.0, 40.0, 60.0, 60.0]  # each sentence once by each jackknife
+    assert len(labels.features) == len(labels.source_ids) == len(labels.output_ids) == 4
+    with pytest.raises(ValueError, match=r"beam-5's beam labels differ .* in beam_size"):
+        pooled([tmp_path / "on-references", tmp_path / "beam-5"], "beam")
 
 
 def test_labelling_without_the_half_models_says_what_is_missing(tmp_path: Path):
