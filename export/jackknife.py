@@ -39,6 +39,8 @@ from export.data import read_lines
 
 HALVES = ("a", "b")
 LABELS_FORMAT = 1
+# What labels must share to be learned from together: one search, one tokenizer.
+AGREEING = ("beam_size", "tokenizer", "vocab_sizes")
 # The recipe of each half for the committed fr-en model: its student's shape (6 + 1 layers,
 # pre-norm), 20 epochs, one core each (docs/confidence.md).
 FR_EN_RECIPE = (
@@ -167,9 +169,8 @@ def read_labels(jackknife: Path, search: str) -> Labels:
                 labels.source_ids.append(row["source_ids"])
                 labels.output_ids.append(row["output_ids"])
                 labels.chrf.append(row["chrf"])
-    same = ("beam_size", "tokenizer", "vocab_sizes")
-    if any(headers[0][key] != h[key] for h in headers[1:] for key in same):
-        raise ValueError(f"{jackknife}: the halves' {search} labels differ in {same}")
+    if any(headers[0][key] != h[key] for h in headers[1:] for key in AGREEING):
+        raise ValueError(f"{jackknife}: the halves' {search} labels differ in {AGREEING}")
     return labels
 
 
@@ -179,7 +180,7 @@ def pooled(jackknives: list[Path], search: str) -> Labels:
     learns from every label). They must have one tokenizer and one beam."""
     first, *rest = (read_labels(folder, search) for folder in jackknives)
     for folder, labels in zip(jackknives[1:], rest, strict=True):
-        for field in ("beam_size", "tokenizer", "vocab_sizes"):
+        for field in AGREEING:
             if getattr(labels, field) != getattr(first, field):
                 raise ValueError(
                     f"{folder}'s {search} labels differ from {jackknives[0]}'s in {field}"
