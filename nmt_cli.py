@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -335,66 +336,77 @@ def _cmd_jackknife(args: argparse.Namespace) -> int:
 
     if args.jackknife_command == "split":
         recipe = args.recipe or jackknife.FR_EN_RECIPE
-        commands = jackknife.split(
-            args.data_dir or multi30k_dir(), args.out, recipe, targets=args.targets
-        )
-        print("# train and export a model on each half (side by side, one core each):")
+        try:
+            commands = jackknife.split(
+                args.data_dir or multi30k_dir(),
+                args.out,
+                recipe,
+                targets=args.targets,
+                folds=args.folds,
+                cores=args.cores,
+            )
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"nmt jackknife split: {error}") from None
+        print(f"# train and export a model outside each fold ({args.cores} cores, a line each):")
         print("\n".join(commands))
         print(f"# then: nmt jackknife label --dir {args.out}")
         return 0
     from service.runtime.bundle import BundleError
 
     try:
-        written = _label_halves(args.dir, {"greedy": 1, "beam": args.beam_size})
-    except (OSError, ValueError, BundleError) as error:  # (a missing or broken half-model)
+        written = _label_folds(args.dir, {"greedy": 1, "beam": args.beam_size})
+    except (OSError, ValueError, BundleError) as error:  # (a missing or broken fold model)
         raise SystemExit(f"nmt jackknife label: {error}") from None
     print(json.dumps({"written": [str(p) for p in written]}))
     return 0
 
 
-def _label_halves(folder: Path, searches: dict[str, int], batch_size: int = 32) -> list[Path]:
-    """Each half of the jackknife in `folder` translated by the model trained on the other
-    half (bundle-a, bundle-b), with each search (name -> beam size) as the server translates,
-    labelled with its sentence chrF: both halves at once, one engine thread each. A labels
-    file already written is kept (an interrupted run goes on where it stopped)."""
+def _label_folds(folder: Path, searches: dict[str, int], batch_size: int = 32) -> list[Path]:
+    """Each fold of the jackknife in `folder` (heldout-X) translated by the model trained
+    outside it (bundle-X), with each search (name -> beam size) as the server translates,
+    labelled with its sentence chrF: as many folds at once as there are cores, one engine
+    thread each. A labels file already written is kept (an interrupted run goes on where it
+    stopped)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from export.calibration import sentence_chrf
     from export.data import read_lines
-    from export.jackknife import HALVES, labels_path, other, tokenizer_checksum, write_labels
+    from export.jackknife import folds_of, labels_path, tokenizer_checksum, write_labels
     from service.runtime.bundle import load_bundle
     from service.runtime.sessions import EngineOptions
     from service.runtime.translator import Translator
     from service.serving.confidence import scored_sentences
     from service.serving.settings import Settings
 
-    bundles = {half: load_bundle(folder / f"bundle-{half}") for half in HALVES}
-    tokenizer = tokenizer_checksum(bundles["a"].tokenizer_files)
-    if tokenizer_checksum(bundles["b"].tokenizer_files) != tokenizer:
-        raise ValueError(f"{folder}: bundle-a and bundle-b have different tokenizers")
+    folds = folds_of(folder)
+    bundles = {fold: load_bundle(folder / f"bundle-{fold}") for fold in folds}
+    tokenizer = tokenizer_checksum(bundles[folds[0]].tokenizer_files)
+    for fold, bundle in bundles.items():
+        if tokenizer_checksum(bundle.tokenizer_files) != tokenizer:
+            raise ValueError(f"{folder}: bundle-{fold}'s tokenizer is not bundle-{folds[0]}'s")
     translators = {
-        half: Translator(bundle, EngineOptions(intra_op_threads=1))
-        for half, bundle in bundles.items()
+        fold: Translator(bundle, EngineOptions(intra_op_threads=1))
+        for fold, bundle in bundles.items()
     }
     served = Settings.model_construct()  # the server's defaults (no environment read)
 
-    def label_half(search: str, half: str) -> Path:
-        model, data = other(half), folder / f"data-{half}"
-        references = read_lines(data / "reference.en")
+    def label_fold(search: str, fold: str) -> Path:
+        heldout = folder / f"heldout-{fold}"
+        references = read_lines(heldout / "reference.en")
         beam_size = searches[search]
         scored = scored_sentences(
-            translators[model],
-            read_lines(data / "train.fr"),
+            translators[fold],
+            read_lines(heldout / "source.fr"),
             served.default_search(beam_size),
             batch_size,
         )
         header = {
             "search": search,
             "beam_size": beam_size,
-            "model": f"bundle-{model}",
-            "data": f"data-{half}",
+            "model": f"bundle-{fold}",
+            "data": f"heldout-{fold}",
             "tokenizer": tokenizer,
-            "vocab_sizes": list(bundles[model].vocab_sizes),
+            "vocab_sizes": list(bundles[fold].vocab_sizes),
             "sentences": len(scored),
         }
         rows = (
@@ -406,43 +418,51 @@ def _label_halves(folder: Path, searches: dict[str, int], batch_size: int = 32) 
             }
             for s, reference in zip(scored, references, strict=True)
         )
-        path = labels_path(folder, search, half)
+        path = labels_path(folder, search, fold)
         write_labels(path, header, rows)
         return path
 
     written = []
-    for search in searches:
-        todo = [h for h in HALVES if not labels_path(folder, search, h).is_file()]
-        # ONNX Runtime lets go of the interpreter while it runs: the halves run side by side
-        with ThreadPoolExecutor(len(HALVES)) as pool:
-            written += list(pool.map(label_half, [search] * len(todo), todo))
+    # ONNX Runtime lets go of the interpreter while it runs: folds run side by side, one
+    # engine thread each (each fold's translator in one thread at a time)
+    with ThreadPoolExecutor(max(1, min(len(folds), os.cpu_count() or 1))) as pool:
+        for search in searches:
+            todo = [f for f in folds if not labels_path(folder, search, f).is_file()]
+            written += list(pool.map(label_fold, [search] * len(todo), todo))
     return written
 
 
 def _add_jackknife(subparsers: argparse._SubParsersAction) -> None:
     jackknife = subparsers.add_parser(
         "jackknife",
-        help="translations with real errors for the confidence's lexicon: two half-models, "
-        "each translating the half of the training pairs it did not see",
+        help="translations with real errors for the confidence's lexicon: models trained "
+        "outside one fold of the training pairs each, translating their fold",
     )
     commands = jackknife.add_subparsers(dest="jackknife_command", required=True)
     split = commands.add_parser(
-        "split", help="split the training pairs in two and print how to train on each half"
+        "split",
+        help="split the training pairs into folds and print how to train a model outside each",
     )
     split.add_argument("--out", type=Path, required=True, help="the jackknife's folder")
     split.add_argument("--data-dir", type=Path, help="train.fr/train.en (default: Multi30k)")
     split.add_argument(
-        "--recipe", help="`nmt train` flags of each half-model (default: the fr-en model's shape)"
+        "--recipe", help="`nmt train` flags of each fold model (default: the fr-en model's shape)"
+    )
+    split.add_argument(
+        "--folds", type=int, default=2, help="how many folds (each model learns from the others)"
+    )
+    split.add_argument(
+        "--cores", type=int, default=2, help="the cores the printed commands spread the folds over"
     )
     split.add_argument(
         "--targets",
         type=Path,
-        help="what the half-models learn to write, a line per training source (e.g. a "
+        help="what the fold models learn to write, a line per training source (e.g. a "
         "teacher's translations; default: the references); labels stay scored against the "
         "references",
     )
     label = commands.add_parser(
-        "label", help="translate each half with the other half's model, labelled with chrF"
+        "label", help="translate each fold with the model trained outside it, labelled with chrF"
     )
     label.add_argument("--dir", type=Path, required=True, help="the jackknife's folder")
     label.add_argument("--beam-size", type=int, default=4, help="the beam search labelled")

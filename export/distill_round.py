@@ -249,46 +249,74 @@ def pack(work: Path, out: Path, students: list[Run], report: dict) -> None:
     if (work / "distilled" / "train.en").is_file():
         with tarfile.open(out / "distilled.tar.gz", "w:gz") as distilled:
             distilled.add(work / "distilled" / "train.en", "train.en")
-    files = len(list(out.iterdir()))
-    used = sum(p.stat().st_size for p in out.iterdir())
     ranked = sorted(
         (s for s in students if s.valid_bleu(work) >= 0), key=lambda s: -s.valid_bleu(work)
     )
     for run in ranked:
-        archive = work / f"{run.name}.tar"
-        half = work / "fp16" / run.name
-        to_fp16(run.model_dir(work), half)
-        with tarfile.open(archive, "w") as tar:
-            tar.add(half, run.name)
-        size = archive.stat().st_size
-        count = -(-size // PIECE_BYTES)
-        if files + count > MAX_FILES_BACK or used + size > MAX_BYTES_BACK:
-            continue
-        with archive.open("rb") as whole:
-            for index in range(count):
-                (out / f"{run.name}.tar.part{index}").write_bytes(whole.read(PIECE_BYTES))
-        files, used = files + count, used + size
-        print(f"[{clock()}] packed {run.name} ({size / 2**20:.1f} MiB)", flush=True)
+        pack_model(run.model_dir(work), run.name, work, out)
+
+
+def pack_model(
+    model_dir: Path,
+    name: str,
+    work: Path,
+    out: Path,
+    leave_out: tuple[str, ...] = (),
+    limits: tuple[int, int, int] | None = None,
+) -> bool:
+    """A model directory, its weights in fp16 and without the files `leave_out`, as tar
+    pieces `name`.tar.partN in `out`, if they fit beside what is there within the limits
+    (pieces' bytes, files, bytes in all: by default PIECE_BYTES, MAX_FILES_BACK,
+    MAX_BYTES_BACK); whether it was packed."""
+    piece_bytes, max_files, max_bytes = limits or (PIECE_BYTES, MAX_FILES_BACK, MAX_BYTES_BACK)
+    files = len(list(out.iterdir()))
+    used = sum(p.stat().st_size for p in out.iterdir())
+    archive = work / f"{name}.tar"
+    half = work / "fp16" / name
+    to_fp16(model_dir, half)
+    for left in leave_out:
+        (half / left).unlink()
+    with tarfile.open(archive, "w") as tar:
+        tar.add(half, name)
+    size = archive.stat().st_size
+    count = -(-size // piece_bytes)
+    if files + count > max_files or used + size > max_bytes:
+        print(f"[{clock()}] no room for {name} ({size / 2**20:.1f} MiB)", flush=True)
+        return False
+    with archive.open("rb") as whole:
+        for index in range(count):
+            (out / f"{name}.tar.part{index}").write_bytes(whole.read(piece_bytes))
+    print(f"[{clock()}] packed {name} ({size / 2**20:.1f} MiB)", flush=True)
+    return True
 
 
 def to_fp16(model_dir: Path, out: Path) -> None:
     from safetensors.torch import load_file, save_file
 
-    shutil.copytree(model_dir, out, dirs_exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(model_dir, out)
     weights = out / "model.safetensors"
     save_file({n: w.half() for n, w in load_file(str(weights)).items()}, str(weights))
 
 
 def unpack(folder: Path, into: Path) -> None:
     """The returned pieces -> fp32 model directories under `into`, and the logs beside them."""
-    from safetensors.torch import load_file, save_file
-
     into.mkdir(parents=True, exist_ok=True)
     for name in ("logs.tar.gz", "distilled.tar.gz"):
         if (folder / name).is_file():
             target = into / name.split(".")[0]
             with tarfile.open(folder / name) as archive:
                 archive.extractall(target, filter="data")
+    unpack_models(folder, into)
+
+
+def unpack_models(folder: Path, into: Path) -> list[Path]:
+    """The models packed in `folder` (pack_model's pieces) -> fp32 model directories under
+    `into`."""
+    from safetensors.torch import load_file, save_file
+
+    into.mkdir(parents=True, exist_ok=True)
+    unpacked = []
     names = sorted({p.name.split(".tar.part")[0] for p in folder.glob("*.tar.part*")})
     for name in names:
         parts = sorted(
@@ -304,6 +332,8 @@ def unpack(folder: Path, into: Path) -> None:
         weights = into / name / "model.safetensors"
         save_file({n: w.float() for n, w in load_file(str(weights)).items()}, str(weights))
         print(into / name)
+        unpacked.append(into / name)
+    return unpacked
 
 
 def run_round(args: argparse.Namespace) -> None:
@@ -354,22 +384,28 @@ def run_round(args: argparse.Namespace) -> None:
     print(f"[{clock()}] done", flush=True)
 
 
+def round_arguments(run: argparse.ArgumentParser, work: str) -> None:
+    """What every round's `run` takes: the data carried there, its work folder, where what
+    comes back goes ($OUT there), and its time: the deadline, the packing's share of it."""
+    run.add_argument("--data", type=Path, default=Path("build/multi30k"))
+    run.add_argument("--work", type=Path, default=Path(work))
+    run.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "build/round-out")))
+    run.add_argument("--deadline-seconds", type=float, default=500)
+    run.add_argument("--pack-seconds", type=float, default=40)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="the round (on the GPU machine)")
-    run.add_argument("--data", type=Path, default=Path("build/multi30k"))
+    round_arguments(run, "build/distill-round")
     run.add_argument(
         "--committed-distilled",
         type=Path,
         default=Path("build/distilled/fr-en"),
         help="make distill's output (the committed model as teacher); '' to skip that student",
     )
-    run.add_argument("--work", type=Path, default=Path("build/distill-round"))
-    run.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "build/round-out")))
-    run.add_argument("--deadline-seconds", type=float, default=500)
     run.add_argument("--teacher-minutes", type=float, default=2.8)
-    run.add_argument("--pack-seconds", type=float, default=40)
     run.add_argument("--shards", type=int, default=4, help="distillation processes")
     unpack_parser = commands.add_parser("unpack", help="the returned files -> model directories")
     unpack_parser.add_argument("folder", type=Path)

@@ -1,5 +1,5 @@
 """The jackknife (export/jackknife.py) and the lexicon learned from its labels
-(export/calibration.py): halves that split the pairs, piece indicators, a planted effect
+(export/calibration.py): folds that split the pairs, piece indicators, a planted effect
 found again, and `nmt jackknife label` then `nmt calibrate --jackknife` on the committed model."""
 
 from __future__ import annotations
@@ -16,62 +16,84 @@ import pytest
 pytest.importorskip("sklearn", reason="needs the export extra (scikit-learn)")
 
 from export import calibration as fit
-from export.jackknife import HALVES, labels_path, pooled, read_labels, split, write_labels
+from export.jackknife import (
+    MANIFEST,
+    fold_names,
+    labels_path,
+    pooled,
+    read_labels,
+    split,
+    write_labels,
+)
 from export.train_config import multi30k_dir
 from nmt_contract import CONFIDENCE_FILE
 from service.runtime.bundle import load_bundle
 from service.serving.confidence import load_calibration
 from tests.conftest import ROOT
+from tests.export.tiny_corpus import write_corpus
 
 
-def test_the_halves_split_the_training_pairs_without_overlap(tmp_path: Path):
-    data = tmp_path / "multi30k"
-    data.mkdir()
-    (data / "train.fr").write_text("".join(f"phrase {i}\n" for i in range(11)))
-    (data / "train.en").write_text("".join(f"sentence {i}\n" for i in range(11)))
-    for lang in ("fr", "en"):
-        (data / f"val.{lang}").write_text("val\n")
+@pytest.mark.parametrize("folds", [2, 4])
+def test_the_folds_split_the_training_pairs_and_each_model_learns_outside_its_fold(
+    tmp_path: Path, folds: int
+):
+    data = write_corpus(tmp_path / "multi30k", 11)
 
-    commands = split(data, tmp_path / "jackknife", recipe="--max-epochs 1")
+    commands = split(data, tmp_path / "jackknife", recipe="--max-epochs 1", folds=folds)
 
-    halves = {}
-    for half in HALVES:
-        folder = tmp_path / "jackknife" / f"data-{half}"
-        ids = [int(line) for line in (folder / "train.ids").read_text().split()]
+    names = fold_names(folds)
+    manifest = json.loads((tmp_path / "jackknife" / MANIFEST).read_text())
+    assert manifest["folds"] == names
+    held = {}
+    for fold in names:
+        heldout = tmp_path / "jackknife" / f"heldout-{fold}"
+        ids = [int(line) for line in (heldout / "ids").read_text().split()]
         # each pair stays a pair, in the order of the original lines
-        assert (folder / "train.fr").read_text().splitlines() == [f"phrase {i}" for i in ids]
-        assert (folder / "train.en").read_text().splitlines() == [f"sentence {i}" for i in ids]
-        assert (folder / "reference.en").read_text() == (folder / "train.en").read_text()
+        assert (heldout / "source.fr").read_text().splitlines() == [f"phrase {i}" for i in ids]
+        assert (heldout / "reference.en").read_text().splitlines() == [f"sentence {i}" for i in ids]
         assert ids == sorted(ids)
-        assert (folder / "val.fr").read_text() == "val\n"
-        halves[half] = set(ids)
-    assert not halves["a"] & halves["b"]
-    assert halves["a"] | halves["b"] == set(range(11))
-    assert {len(halves["a"]), len(halves["b"])} == {5, 6}
-    # one core each, each model trained on its own half with the recipe, then exported
+        trained = tmp_path / "jackknife" / f"data-{fold}"
+        learned = [int(line) for line in (trained / "train.ids").read_text().split()]
+        # the fold's model learns every pair but the fold's
+        assert learned == sorted(set(range(11)) - set(ids))
+        assert (trained / "train.fr").read_text().splitlines() == [f"phrase {i}" for i in learned]
+        assert (trained / "train.en").read_text().splitlines() == [f"sentence {i}" for i in learned]
+        assert (trained / "val.fr").read_text() == "val\n"
+        held[fold] = set(ids)
+    # the folds do not overlap, cover every pair and are as even as can be
+    assert sum(len(ids) for ids in held.values()) == 11
+    assert set().union(*held.values()) == set(range(11))
+    assert max(map(len, held.values())) - min(map(len, held.values())) <= 1
+    # a line per core, each training its share of the folds' models in turn, then exporting
     assert [c.split()[:3] for c in commands] == [["taskset", "-c", "0"], ["taskset", "-c", "1"]]
-    for half, command in zip(HALVES, commands, strict=True):
-        assert f"data-{half} --max-epochs 1" in command
-        assert f"--out {tmp_path}/jackknife/bundle-{half}" in command
+    for core, command in enumerate(commands):
+        for fold in names[core::2]:
+            assert f"data-{fold} --max-epochs 1" in command
+            assert f"--out {tmp_path}/jackknife/bundle-{fold}" in command
 
 
-def test_halves_can_learn_a_teachers_targets_and_are_labelled_against_the_references(
+def test_fold_models_can_learn_a_teachers_targets_and_are_labelled_against_the_references(
     tmp_path: Path,
 ):
-    (tmp_path / "train.fr").write_text("".join(f"phrase {i}\n" for i in range(6)))
-    (tmp_path / "train.en").write_text("".join(f"sentence {i}\n" for i in range(6)))
+    write_corpus(tmp_path, 6)
     teacher = tmp_path / "teacher.en"
     teacher.write_text("".join(f"translation {i}\n" for i in range(6)))
 
     split(tmp_path, tmp_path / "out", targets=teacher)
 
-    for half in HALVES:
-        folder = tmp_path / "out" / f"data-{half}"
-        ids = [int(line) for line in (folder / "train.ids").read_text().split()]
-        learned = [f"translation {i}" for i in ids]
-        assert (folder / "train.en").read_text().splitlines() == learned
-        references = [f"sentence {i}" for i in ids]
-        assert (folder / "reference.en").read_text().splitlines() == references
+    for fold in fold_names(2):
+        trained = tmp_path / "out" / f"data-{fold}"
+        ids = [int(line) for line in (trained / "train.ids").read_text().split()]
+        assert (trained / "train.en").read_text().splitlines() == [f"translation {i}" for i in ids]
+        heldout = tmp_path / "out" / f"heldout-{fold}"
+        ids = [int(line) for line in (heldout / "ids").read_text().split()]
+        assert (heldout / "reference.en").read_text().splitlines() == [f"sentence {i}" for i in ids]
+
+
+def test_a_jackknife_needs_two_folds_or_more(tmp_path: Path):
+    write_corpus(tmp_path, 6)
+    with pytest.raises(ValueError, match="2 to 26 folds, not 1"):
+        split(tmp_path, tmp_path / "out", folds=1)
 
 
 def test_mismatched_training_files_are_refused(tmp_path: Path):
@@ -81,16 +103,19 @@ def test_mismatched_training_files_are_refused(tmp_path: Path):
         split(tmp_path, tmp_path / "out")
     (tmp_path / "train.en").write_text("one\ntwo\n")
     (tmp_path / "teacher.en").write_text("one\n")
-    with pytest.raises(ValueError, match="2 French and 1 target lines"):
+    with pytest.raises(ValueError, match=r"teacher\.en: 1 target lines for 2 sources"):
         split(tmp_path, tmp_path / "out", targets=tmp_path / "teacher.en")
 
 
 def _write_jackknife(folder: Path, beam_size: int, chrf: float) -> None:
-    """A jackknife's beam labels: one translation per half, each scored `chrf`."""
+    """A jackknife of two folds with beam labels: one translation per fold, each scored
+    `chrf`."""
     header = {"search": "beam", "beam_size": beam_size, "tokenizer": "t", "vocab_sizes": [9, 9]}
-    for half in HALVES:
+    folder.mkdir(parents=True)
+    (folder / MANIFEST).write_text(json.dumps({"folds": fold_names(2)}))
+    for fold in fold_names(2):
         row = {"features": {"mean_log_prob": -0.5}, "source_ids": [3], "output_ids": [4]}
-        write_labels(labels_path(folder, "beam", half), header, [{**row, "chrf": chrf}])
+        write_labels(labels_path(folder, "beam", fold), header, [{**row, "chrf": chrf}])
 
 
 def test_jackknives_are_pooled_and_must_agree_on_the_beam(tmp_path: Path):
@@ -106,14 +131,20 @@ def test_jackknives_are_pooled_and_must_agree_on_the_beam(tmp_path: Path):
         pooled([tmp_path / "on-references", tmp_path / "beam-5"], "beam")
 
 
-def test_labelling_without_the_half_models_says_what_is_missing(tmp_path: Path):
-    done = subprocess.run(
-        [sys.executable, "nmt_cli.py", "jackknife", "label", "--dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode != 0
+def test_labelling_without_the_split_or_the_models_says_what_is_missing(tmp_path: Path):
+    def label() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "nmt_cli.py", "jackknife", "label", "--dir", str(tmp_path / "j")],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    done = label()
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("nmt jackknife label:") and MANIFEST in done.stderr
+    split(write_corpus(tmp_path / "data", 6), tmp_path / "j")
+    done = label()
+    assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.startswith("nmt jackknife label:") and "bundle-a" in done.stderr
-    assert "Traceback" not in done.stderr
 
 
 def test_piece_indicators_mark_source_and_output_pieces_apart():
@@ -150,7 +181,7 @@ def test_the_lexicon_finds_planted_pieces_beyond_what_the_features_explain():
 def test_labels_then_a_calibration_with_lexicons_the_server_reads(
     fr_en_bundle: Path, tmp_path: Path
 ):
-    """`nmt jackknife label` (the committed model standing in for both half-models, on 300
+    """`nmt jackknife label` (the committed model standing in for both fold models, on 300
     training pairs) then `nmt calibrate --jackknife` (on 300 val sentences), through the
     command line, read back as the server reads it."""
     data = multi30k_dir()
@@ -164,8 +195,8 @@ def test_labels_then_a_calibration_with_lexicons_the_server_reads(
             (small / f"{prefix}.{language}").write_text("\n".join(lines) + "\n")
     jackknife = tmp_path / "jackknife"
     split(small, jackknife)
-    for half in HALVES:
-        (jackknife / f"bundle-{half}").symlink_to(fr_en_bundle, target_is_directory=True)
+    for fold in fold_names(2):
+        (jackknife / f"bundle-{fold}").symlink_to(fr_en_bundle, target_is_directory=True)
 
     def nmt(*arguments: str) -> subprocess.CompletedProcess:
         done = subprocess.run(
@@ -196,8 +227,8 @@ def test_labels_then_a_calibration_with_lexicons_the_server_reads(
     assert summary["beam_ece"] < 0.1
 
     # labels made by models with another tokenizer are refused, saying why
-    for half in HALVES:
-        path = labels_path(jackknife, "greedy", half)
+    for fold in fold_names(2):
+        path = labels_path(jackknife, "greedy", fold)
         with gzip.open(path, "rt") as lines:
             header, *rows = lines.read().splitlines()
         header = json.dumps({**json.loads(header), "tokenizer": "0" * 64})
