@@ -354,19 +354,24 @@ def _cmd_jackknife(args: argparse.Namespace) -> int:
     from service.runtime.bundle import BundleError
 
     try:
-        written = _label_folds(args.dir, {"greedy": 1, "beam": args.beam_size})
+        searches = {"greedy": 1, "beam": args.beam_size}
+        if args.search:
+            searches = {name: searches[name] for name in args.search}
+        written = _label_folds(args.dir, searches, args.fold)
     except (OSError, ValueError, BundleError) as error:  # (a missing or broken fold model)
         raise SystemExit(f"nmt jackknife label: {error}") from None
     print(json.dumps({"written": [str(p) for p in written]}))
     return 0
 
 
-def _label_folds(folder: Path, searches: dict[str, int], batch_size: int = 32) -> list[Path]:
-    """Each fold of the jackknife in `folder` (heldout-X) translated by the model trained
-    outside it (bundle-X), with each search (name -> beam size) as the server translates,
-    labelled with its sentence chrF: as many folds at once as there are cores, one engine
-    thread each. A labels file already written is kept (an interrupted run goes on where it
-    stopped)."""
+def _label_folds(
+    folder: Path, searches: dict[str, int], only: list[str] | None = None, batch_size: int = 32
+) -> list[Path]:
+    """Each fold of the jackknife in `folder` (heldout-X; or the folds `only`) translated by
+    the model trained outside it (bundle-X), with each search (name -> beam size) as the
+    server translates, labelled with its sentence chrF: as many folds at once as there are
+    cores, one engine thread each. A labels file already written is kept (an interrupted run
+    goes on where it stopped)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from export.calibration import sentence_chrf
@@ -379,6 +384,10 @@ def _label_folds(folder: Path, searches: dict[str, int], batch_size: int = 32) -
     from service.serving.settings import Settings
 
     folds = folds_of(folder)
+    unknown = sorted(set(only or []) - set(folds))
+    if unknown:
+        raise ValueError(f"{folder} has no fold {', '.join(unknown)} (its folds: {folds})")
+    folds = [fold for fold in folds if not only or fold in only]
     bundles = {fold: load_bundle(folder / f"bundle-{fold}") for fold in folds}
     tokenizer = tokenizer_checksum(bundles[folds[0]].tokenizer_files)
     for fold, bundle in bundles.items():
@@ -466,6 +475,15 @@ def _add_jackknife(subparsers: argparse._SubParsersAction) -> None:
     )
     label.add_argument("--dir", type=Path, required=True, help="the jackknife's folder")
     label.add_argument("--beam-size", type=int, default=4, help="the beam search labelled")
+    label.add_argument(
+        "--fold", action="append", help="label only this fold (repeatable; default: every fold)"
+    )
+    label.add_argument(
+        "--search",
+        action="append",
+        choices=("greedy", "beam"),
+        help="label only this search (repeatable; default: both)",
+    )
 
 
 def _cmd_shortlist(args: argparse.Namespace) -> int:

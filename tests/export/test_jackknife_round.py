@@ -1,6 +1,7 @@
-"""The jackknife's round for a lent GPU (export/jackknife_round.py): the fold models come back
-within the device's limits and unpack into a jackknife here, split as it was there, each
-model fp32 with the committed tokenizer; a round run whole on the CPU with a tiny recipe."""
+"""The jackknife's round for a lent GPU (export/jackknife_round.py): its labels, or where the
+labelling failed there the fold models (within the device's limits), unpack into a
+jackknife here, split as it was there, each model fp32 with the committed tokenizer; a
+round run whole on the CPU with a tiny recipe."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ from safetensors.torch import load_file  # noqa: E402
 from export import jackknife_round  # noqa: E402
 from export.checkpoint import TOKENIZER_FILE, save_model_dir  # noqa: E402
 from export.distill_round import Run  # noqa: E402
-from export.jackknife import fold_names, split  # noqa: E402
+from export.jackknife import (  # noqa: E402
+    fold_names,
+    labels_path,
+    read_labels,
+    split,
+    write_labels,
+)
 from export.model.config import ModelConfig  # noqa: E402
 from export.model.transformer import Transformer  # noqa: E402
 from export.train_config import multi30k_dir  # noqa: E402
@@ -41,15 +48,16 @@ def _trained_folds(work: Path, data: Path, folds: int) -> list[Run]:
     return runs
 
 
-def _report(folds: int) -> dict:
+def _report(folds: int, labelled: bool = False) -> dict:
     return {
         "folds": fold_names(folds),
         "targets": None,
         "tokenizer_sha256": jackknife_round.sha256(jackknife_round.TOKENIZER),
+        "labelled": labelled,
     }
 
 
-def test_fold_models_come_back_and_unpack_into_the_same_folds(
+def test_without_labels_the_fold_models_come_back_and_unpack_into_the_same_folds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.chdir(ROOT)  # (the recipe names the committed tokenizer from the checkout)
@@ -61,7 +69,7 @@ def test_fold_models_come_back_and_unpack_into_the_same_folds(
     jackknife_round.pack(work, work / "jackknife", out, runs, _report(4))
 
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["logs.tar.gz", *(f"model-{f}.tar.part0" for f in "abcd")]
+    assert files == ["jackknife-logs.tar.gz", *(f"model-{f}.tar.part0" for f in "abcd")]
     commands = jackknife_round.unpack(out, tmp_path / "back", data, None)
 
     back = tmp_path / "back"
@@ -79,7 +87,37 @@ def test_fold_models_come_back_and_unpack_into_the_same_folds(
             work / "jackknife" / f"heldout-{fold}" / "ids"
         ).read_text()
         assert command == f"nmt export --checkpoint {model} --out {back}/bundle-{fold}"
-    assert commands[-1] == f"nmt jackknife label --dir {back}"
+    assert commands[-2:] == [
+        f"nmt jackknife label --dir {back}",
+        f"nmt calibrate --model-dir build/models/fr-en --jackknife {back}",
+    ]
+
+
+def test_labels_made_there_come_back_alone_and_unpack_beside_the_folds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(ROOT)
+    data = write_corpus(tmp_path / "data", 13)
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "runs").mkdir(parents=True)
+    runs = _trained_folds(work, data, 2)
+    header = {"search": "beam", "beam_size": 4, "tokenizer": "t", "vocab_sizes": [9, 9]}
+    for search in ("greedy", "beam"):
+        for fold in fold_names(2):
+            row = {"features": {}, "source_ids": [3], "output_ids": [4], "chrf": 50.0}
+            write_labels(labels_path(work / "jackknife", search, fold), header, [row])
+
+    jackknife_round.pack(work, work / "jackknife", out, runs, _report(2, labelled=True))
+
+    assert sorted(p.name for p in out.iterdir()) == [
+        "jackknife-labels.tar",
+        "jackknife-logs.tar.gz",
+    ]
+    commands = jackknife_round.unpack(out, tmp_path / "back", data, None)
+    calibrate = "nmt calibrate --model-dir build/models/fr-en --jackknife"
+    assert commands == [f"{calibrate} {tmp_path / 'back'}"]
+    assert len(read_labels(tmp_path / "back", "beam").chrf) == 2
+    assert not (tmp_path / "back" / "model-a").exists()
 
 
 def test_unpacking_refuses_folds_split_otherwise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -121,10 +159,10 @@ def test_a_round_on_the_cpu_trains_a_model_outside_each_fold(tmp_path: Path):
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    # labelled there (the runtime is installed here), so the labels come back
     assert sorted(p.name for p in out.iterdir()) == [
-        "logs.tar.gz",
-        "model-a.tar.part0",
-        "model-b.tar.part0",
+        "jackknife-labels.tar",
+        "jackknife-logs.tar.gz",
     ]
     back = subprocess.run(
         [sys.executable, "-m", "export.jackknife_round", "unpack", str(out),
@@ -132,7 +170,10 @@ def test_a_round_on_the_cpu_trains_a_model_outside_each_fold(tmp_path: Path):
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert back.returncode == 0, back.stderr[-3000:]
-    assert back.stdout.splitlines()[-1] == f"nmt jackknife label --dir {tmp_path / 'jackknife'}"
-    for fold in fold_names(2):
-        config = json.loads((tmp_path / "jackknife" / f"model-{fold}" / "config.json").read_text())
-        assert config["d_model"] == 32
+    jackknife = tmp_path / "jackknife"
+    assert back.stdout.splitlines()[-1].endswith(f"--jackknife {jackknife}")
+    for search, beam_size in (("greedy", 1), ("beam", 4)):
+        labels = read_labels(jackknife, search)
+        assert len(labels.chrf) == 60 and labels.beam_size == beam_size  # every pair, once
+    report = json.loads((out / "jackknife-round" / "round.json").read_text())
+    assert report["labelled"] and set(report["greedy_val_bleu"]) == {"model-a", "model-b"}
