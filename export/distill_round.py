@@ -232,9 +232,15 @@ def student(name: str, data_dir: Path, shape: str, vocab: int) -> Run:
     )
 
 
-def pack(work: Path, out: Path, students: list[Run], report: dict) -> None:
+def pack(
+    work: Path,
+    out: Path,
+    students: list[Run],
+    report: dict,
+    limits: tuple[int, int, int] | None = None,
+) -> None:
     """What comes back: the logs and histories, the distilled targets, then the students with
-    the best val BLEU, as many as the limits on files and bytes allow."""
+    the best val BLEU, as many as the limits on files and bytes allow (pack_model's)."""
     out.mkdir(parents=True, exist_ok=True)
     (work / "round.json").write_text(json.dumps(report, indent=2) + "\n")
     with tarfile.open(out / "logs.tar.gz", "w:gz") as logs:
@@ -253,7 +259,7 @@ def pack(work: Path, out: Path, students: list[Run], report: dict) -> None:
         (s for s in students if s.valid_bleu(work) >= 0), key=lambda s: -s.valid_bleu(work)
     )
     for run in ranked:
-        pack_model(run.model_dir(work), run.name, work, out)
+        pack_model(run.model_dir(work), run.name, work, out, limits=limits)
 
 
 def pack_model(
@@ -380,18 +386,32 @@ def run_round(args: argparse.Namespace) -> None:
         "seconds": round(time.monotonic() - started_at),
     }
     print(json.dumps(report, indent=2), flush=True)
-    pack(work, args.out, late + early, report)
+    pack(work, args.out, late + early, report, limits_left(args, PIECE_BYTES, MAX_BYTES_BACK))
     print(f"[{clock()}] done", flush=True)
 
 
 def round_arguments(run: argparse.ArgumentParser, work: str) -> None:
     """What every round's `run` takes: the data carried there, its work folder, where what
-    comes back goes ($OUT there), and its time: the deadline, the packing's share of it."""
+    comes back goes ($OUT there) and how much of it to leave to another round run beside it
+    in the same command, and its time: the deadline, the packing's share of it."""
     run.add_argument("--data", type=Path, default=Path("build/multi30k"))
     run.add_argument("--work", type=Path, default=Path(work))
     run.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "build/round-out")))
+    run.add_argument(
+        "--leave-files", type=int, default=0, help="files of the 8 to leave to another round"
+    )
+    run.add_argument(
+        "--leave-mib", type=float, default=0.0, help="MiB of the 64 to leave to another round"
+    )
     run.add_argument("--deadline-seconds", type=float, default=500)
     run.add_argument("--pack-seconds", type=float, default=40)
+
+
+def limits_left(args: argparse.Namespace, piece_bytes: int, all_bytes: int) -> tuple[int, int, int]:
+    """pack_model's limits for a round: its pieces, and what may come back (all_bytes, in
+    MAX_FILES_BACK files) less what it leaves to another round."""
+    left = int(args.leave_mib * 2**20)
+    return piece_bytes, MAX_FILES_BACK - args.leave_files, all_bytes - left
 
 
 def main() -> None:

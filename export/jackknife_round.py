@@ -11,6 +11,13 @@ CPU cores four folds take about four hours.
     here:   python -m export.jackknife_round unpack DIR --into build/jackknife-4
             (DIR: where the returned files lie; it prints what comes next)
 
+Beside the distillation round in the same command (a lent machine's time is 15 minutes a
+session: one command's worth), sharing the GPU, the cores and what comes back (the labels
+take 2 files and about 9 MiB):
+
+    there:  ... && export PYTHONPATH=/tmp/site && (python3 -m export.jackknife_round run &
+            python3 -m export.distill_round run --leave-files 2 --leave-mib 12; wait)
+
 What runs there: `nmt jackknife split`'s folds (4 by default: each model learns three
 quarters of the training pairs, as the served model translated them, `--targets`), one
 `nmt train` a fold, side by side on the one GPU, each under a time budget so that the round
@@ -49,9 +56,11 @@ from export.distill_round import Run, pack_model, round_arguments, unpack_models
 from export.jackknife import FOLD_MODEL, FR_EN_RECIPE, fold_names, folds_of, labels_path, split
 
 TOKENIZER = Path("models/fr-en/sentencepiece.model")  # the one FOLD_MODEL names
-# What may come back (the device tool's limits: 8 files, 16 MiB each, 64 MiB in all), less a
-# margin: a fold model's tar (15.0 MiB) in one piece, four of them and the logs.
-LIMITS = (16 * 2**20 - 2**16, 8, 63 * 2**20)
+# A piece of what comes back (the device tool's limits: 16 MiB each, 8 files, 64 MiB in all),
+# less a margin: a fold model's tar (15.0 MiB) in one piece; four of them and the logs fit
+# 63 MiB.
+PIECE_BYTES = 16 * 2**20 - 2**16
+ALL_BYTES = 63 * 2**20
 # What `nmt jackknife label` imports that the GPU machine's image lacks (docs: the device
 # tool's KINDS.md), carried there as wheels for its Python 3.12.
 WHEELS = (
@@ -100,7 +109,8 @@ def run_round(args: argparse.Namespace) -> None:
         "seconds": round(time.monotonic() - distill_round.started_at),
     }
     print(json.dumps(report, indent=2), flush=True)
-    pack(work, jackknife, args.out, runs, report)
+    limits = distill_round.limits_left(args, PIECE_BYTES, ALL_BYTES)
+    pack(work, jackknife, args.out, runs, report, limits)
     print(f"[{distill_round.clock()}] done", flush=True)
 
 
@@ -145,10 +155,17 @@ def label(work: Path, jackknife: Path, trained: list[Run], until: float) -> bool
     )
 
 
-def pack(work: Path, jackknife: Path, out: Path, runs: list[Run], report: dict) -> None:
+def pack(
+    work: Path,
+    jackknife: Path,
+    out: Path,
+    runs: list[Run],
+    report: dict,
+    limits: tuple[int, int, int] = (PIECE_BYTES, 8, ALL_BYTES),
+) -> None:
     """What comes back: the logs, histories and the folds' sentence ids; then the labels, or
-    (where the labelling failed) each fold's model (fp16, no tokenizer) that fits, in fold
-    order."""
+    (where the labelling failed) each fold's model (fp16, no tokenizer) that fits the limits
+    (pack_model's), in fold order."""
     out.mkdir(parents=True, exist_ok=True)
     (work / "round.json").write_text(json.dumps(report, indent=2) + "\n")
     with tarfile.open(out / "jackknife-logs.tar.gz", "w:gz") as logs:
@@ -166,7 +183,7 @@ def pack(work: Path, jackknife: Path, out: Path, runs: list[Run], report: dict) 
         return
     for run in runs:
         if run.model_dir(work).is_dir():
-            pack_model(run.model_dir(work), run.name, work, out, (TOKENIZER_FILE,), LIMITS)
+            pack_model(run.model_dir(work), run.name, work, out, (TOKENIZER_FILE,), limits)
 
 
 def unpack(folder: Path, into: Path, data: Path, targets: Path | None) -> list[str]:
