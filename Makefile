@@ -7,7 +7,7 @@ MODEL ?= models/fr-en
 BUNDLES ?= build/models
 BUNDLE := $(BUNDLES)/$(notdir $(MODEL))
 
-.PHONY: serve translate bundle distill test test-slow test-all bench clean loadtest
+.PHONY: serve translate bundle distill gpu-round-inputs test test-slow test-all bench clean loadtest
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,16 @@ distill: $(if $(strip $(TEACHERS)),$(VENV)/.dev-installed,$(BUNDLE)/bundle.json)
 		< $(MULTI30K)/train.fr > $(DISTILLED)/train.en.partial
 	mv $(DISTILLED)/train.en.partial $(DISTILLED)/train.en
 	cp $(MULTI30K)/train.fr $(MULTI30K)/val.fr $(MULTI30K)/val.en $(DISTILLED)/
+
+## What the rounds for a lent GPU machine read there (export/distill_round.py,
+## export/jackknife_round.py), to carry: Multi30k, the committed model's translations of its
+## training sources, and the wheels that machine's image lacks. The command to run there is in
+## export/jackknife_round.py's docstring.
+gpu-round-inputs: $(VENV)/.dev-installed
+	$(MAKE) distill DISTILLED=build/distilled/fr-en
+	mkdir -p build/multi30k
+	cp $(MULTI30K)/*.fr $(MULTI30K)/*.en build/multi30k/
+	$(BIN)/python -m export.jackknife_round wheels --into .whl
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

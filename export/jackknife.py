@@ -1,8 +1,8 @@
 """Jackknifed quality labels: translations with real errors, for the confidence's lexicon.
 
-    make distill DISTILLED=build/distilled/fr-en-committed   # what the fold models learn
+    make distill DISTILLED=build/distilled/fr-en   # what the fold models learn
     nmt jackknife split --out build/jackknife --folds 2 \
-        --targets build/distilled/fr-en-committed/train.en  # the folds of the training
+        --targets build/distilled/fr-en/train.en  # the folds of the training
                                                 # pairs, and the commands that train and
                                                 # export a model outside each fold
     # (run them: about 80 minutes each on one core of an AMD EPYC Zen 3 for 2 folds, side by

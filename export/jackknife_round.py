@@ -2,12 +2,12 @@
 for minutes (the device tool: at most 10 minutes a command, 8 files of 16 MiB back); on 2
 CPU cores four folds take about four hours.
 
-    here:   make distill DISTILLED=build/distilled/fr-en-committed
-            cp -r ../shared/data/multi30k build/
-            python -m export.jackknife_round wheels    # what the runtime needs there, in .whl
-    there:  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
-            PYTHONPATH=/tmp/site python3 -m export.jackknife_round run
-            (carry build/multi30k, build/distilled/fr-en-committed and .whl)
+    here:   make gpu-round-inputs   # build/multi30k, build/distilled/fr-en (the served
+                                    # model's translations: make distill), .whl (the wheels)
+    there:  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+                --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site &&
+            python3 -m export.jackknife_round run
+            (carry build/multi30k, build/distilled/fr-en and .whl)
     here:   python -m export.jackknife_round unpack DIR --into build/jackknife-4
             (DIR: where the returned files lie; it prints what comes next)
 
@@ -245,7 +245,7 @@ def main() -> None:
     run.add_argument(
         "--targets",
         type=Path,
-        default=Path("build/distilled/fr-en-committed/train.en"),
+        default=Path("build/distilled/fr-en/train.en"),
         help="what the fold models learn (make distill's output); '' for the references",
     )
     run.add_argument("--folds", type=int, default=4)
@@ -262,7 +262,7 @@ def main() -> None:
     back.add_argument(
         "--targets",
         type=Path,
-        default=Path("build/distilled/fr-en-committed/train.en"),
+        default=Path("build/distilled/fr-en/train.en"),
         help="the round's targets ('' for the references)",
     )
     wheels = commands.add_parser("wheels", help="download what the GPU machine lacks")
