@@ -251,7 +251,7 @@ def main() -> None:
     run.add_argument("--folds", type=int, default=4)
     run.add_argument("--recipe", default=FOLD_MODEL, help="each fold model's `nmt train` flags")
     run.add_argument(
-        "--label-seconds", type=float, default=150, help="the deadline's share for labelling"
+        "--label-seconds", type=float, default=180, help="the deadline's share for labelling"
     )
     # (a lent machine's command may run 600 s: the round's 540, the wheels' install, margin)
     run.set_defaults(deadline_seconds=540, pack_seconds=30)

@@ -155,7 +155,8 @@ def test_a_round_on_the_cpu_trains_a_model_outside_each_fold(tmp_path: Path):
     done = subprocess.run(
         [sys.executable, "-m", "export.jackknife_round", "run", "--data", str(data),
          "--targets", "", "--folds", "2", "--recipe", tiny, "--work", str(tmp_path / "work"),
-         "--out", str(out), "--deadline-seconds", "240", "--pack-seconds", "20"],
+         "--out", str(out), "--deadline-seconds", "240", "--pack-seconds", "20",
+         "--label-seconds", "60"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
