@@ -56,6 +56,7 @@ from export.distill_round import Run, pack_model, round_arguments, unpack_models
 from export.jackknife import FOLD_MODEL, FR_EN_RECIPE, fold_names, folds_of, labels_path, split
 
 TOKENIZER = Path("models/fr-en/sentencepiece.model")  # the one FOLD_MODEL names
+TARGETS = Path("build/distilled/fr-en/train.en")  # make gpu-round-inputs' (make distill's)
 # A piece of what comes back (the device tool's limits: 16 MiB each, 8 files, 64 MiB in all),
 # less a margin: a fold model's tar (15.0 MiB) in one piece; four of them and the logs fit
 # 63 MiB.
@@ -121,9 +122,7 @@ def label(work: Path, jackknife: Path, trained: list[Run], until: float) -> bool
     models = {run.name.removeprefix("model-"): run.model_dir(work) for run in trained}
     exports = {
         f"export-{fold}": [
-            "export",
-            "--checkpoint",
-            str(model),
+            *("export", "--checkpoint", str(model)),
             "--out",
             f"{jackknife}/bundle-{fold}",
         ]
@@ -161,7 +160,7 @@ def pack(
     out: Path,
     runs: list[Run],
     report: dict,
-    limits: tuple[int, int, int] = (PIECE_BYTES, 8, ALL_BYTES),
+    limits: tuple[int, int, int] = (PIECE_BYTES, distill_round.MAX_FILES_BACK, ALL_BYTES),
 ) -> None:
     """What comes back: the logs, histories and the folds' sentence ids; then the labels, or
     (where the labelling failed) each fold's model (fp16, no tokenizer) that fits the limits
@@ -245,7 +244,7 @@ def main() -> None:
     run.add_argument(
         "--targets",
         type=Path,
-        default=Path("build/distilled/fr-en/train.en"),
+        default=TARGETS,
         help="what the fold models learn (make distill's output); '' for the references",
     )
     run.add_argument("--folds", type=int, default=4)
@@ -262,7 +261,7 @@ def main() -> None:
     back.add_argument(
         "--targets",
         type=Path,
-        default=Path("build/distilled/fr-en/train.en"),
+        default=TARGETS,
         help="the round's targets ('' for the references)",
     )
     wheels = commands.add_parser("wheels", help="download what the GPU machine lacks")

@@ -155,9 +155,9 @@ def test_a_round_on_the_cpu_trains_a_model_outside_each_fold(tmp_path: Path):
     done = subprocess.run(
         [sys.executable, "-m", "export.jackknife_round", "run", "--data", str(data),
          "--targets", "", "--folds", "2", "--recipe", tiny, "--work", str(tmp_path / "work"),
-         "--out", str(out), "--deadline-seconds", "240", "--pack-seconds", "20",
-         "--label-seconds", "60"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+         "--out", str(out), "--deadline-seconds", "840", "--pack-seconds", "30",
+         "--label-seconds", "400"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     # labelled there (the runtime is installed here), so the labels come back
