@@ -68,6 +68,10 @@ LIBRETRANSLATE_CONFIGURATIONS = {
     },
 }
 LONG_REQUEST_SENTENCES = 64
+# Ours answers a text of up to NMT_MAX_CHARS_PER_TEXT characters (5,000 by default, else 400);
+# the long request's 64 sentences, one text, can be longer, and LibreTranslate has no limit by
+# default: every server of ours is started with room for it.
+OURS_SETTINGS = {"int8": "true", "max_chars_per_text": 20_000}
 READY_TIMEOUT_SECONDS = 600.0
 
 
@@ -174,14 +178,14 @@ def _descendants(pid: int) -> list[int]:
 
 
 def start_ours(bundles: Path, logs: Path, threads: int) -> Contender:
-    server = start_server(bundles, logs, int8="true", threads=threads)
+    server = start_server(bundles, logs, threads=threads, **OURS_SETTINGS)
     return Contender(OURS, [server.process], server.url, server.log_path)
 
 
 def start_ours_workers(bundles: Path, logs: Path, workers: int) -> Contender:
     """One server whose model has `workers` decoding threads of one engine thread each
     (NMT_DECODING_WORKERS): the cores used as the replicas use them, in one process."""
-    server = start_server(bundles, logs, int8="true", threads=1, decoding_workers=workers)
+    server = start_server(bundles, logs, threads=1, decoding_workers=workers, **OURS_SETTINGS)
     name = f"{OURS}, {workers} decoding workers"
     return Contender(name, [server.process], server.url, server.log_path)
 
@@ -189,7 +193,7 @@ def start_ours_workers(bundles: Path, logs: Path, workers: int) -> Contender:
 def start_ours_replicas(bundles: Path, logs: Path) -> Contender:
     """Two 1-thread servers behind nginx: the layout docs/scaling.md measured best on 2 cores
     (replicas, as on Kubernetes). nginx's workers count in its CPU and memory."""
-    servers = [start_server(bundles, logs, int8="true", threads=1) for _ in range(2)]
+    servers = [start_server(bundles, logs, threads=1, **OURS_SETTINGS) for _ in range(2)]
     for server in servers:
         server.wait_for("/readyz")
     nginx = Nginx(logs / "nginx", {"ours": servers})
@@ -423,7 +427,8 @@ def report(
             else f"The fr-en checkpoint `{args.checkpoint}`"
         )
         + ": ours int8 "
-        f"(`NMT_INT8=true`, `NMT_THREADS={args.threads}`"
+        f"(`NMT_INT8=true`, `NMT_THREADS={args.threads}`, "
+        f"`NMT_MAX_CHARS_PER_TEXT={OURS_SETTINGS['max_chars_per_text']}` for the long request"
         + (
             f"; and one such process with `NMT_DECODING_WORKERS={args.workers}`"
             if args.workers > 1
