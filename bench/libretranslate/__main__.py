@@ -9,12 +9,16 @@ LibreTranslate is run in the configurations its users choose between: its defaul
 `ARGOS_INTRA_THREADS=1`, and that with `ARGOS_INTER_THREADS=2` (two translators side by side).
 Both decode with beam 4, their defaults.
 
-All servers run at once on this machine and take turns, in mirrored order from one number
-of clients to the next, behind the same Locust scenario (locustfile.py: LibreTranslate's
-`/translate`, one distinct sentence a request, a closed loop). For each: requests/s, p50 and
-p99 latency, the server's CPU per request (its process, all threads, from /proc) and its
-peak memory; then one request of 64 sentences, the median of three. Each server is warmed up
-before the first turn.
+All servers run at once on this machine and take turns behind the same Locust scenario
+(locustfile.py: LibreTranslate's `/translate`, one distinct sentence a request, a closed loop):
+at each number of clients `--rounds` rounds of a `--seconds` turn each, who goes first rotating
+from round to round, each figure the median of a server's turns (this machine's speed drifts
+by a fifth within minutes: one 30 s turn each put ours at 0.80x and 0.99x LibreTranslate's
+best at one client in two runs the same hour). For each: requests/s, p50 and
+p99 latency, the server's CPU per request (its process, all threads, from /proc), the load
+generator's (Locust's FastHttpUser: it shares the servers' cores) and the server's peak
+memory; then one request of 64 sentences, the median of three. Each server is warmed up before
+the first turn.
 
 `--checkpoint` serves another checkpoint of the pair on both sides (its bundle, conversion and
 Argos package made under build/bench-libretranslate/checkpoints/); the report then names it.
@@ -29,6 +33,7 @@ import argparse
 import csv
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -85,6 +90,8 @@ class Level:
     p50_ms: float
     p99_ms: float
     cpu_ms_per_request: float
+    load_cpu_ms_per_request: float  # Locust's own, on the same cores
+    lines_used: int  # sentences sent, the unanswered at the end included
 
 
 @dataclass
@@ -239,10 +246,12 @@ def run_locust(
         **os.environ,
         "BENCH_SENTENCES": str(TRAIN_SOURCES),
         "BENCH_FIRST_LINE": str(first_line),
+        "BENCH_LINES_USED": f"{prefix}_lines_used",
     }
-    cpu_before = contender.cpu_seconds()
+    cpu_before, load_before = contender.cpu_seconds(), children_cpu_seconds()
     finished = subprocess.run(command, env=environment, capture_output=True, text=True)
     cpu_used = contender.cpu_seconds() - cpu_before
+    load_used = children_cpu_seconds() - load_before
     if not Path(f"{prefix}_stats.csv").is_file():  # locust missing (`make loadtest` installs it)
         raise RuntimeError(f"locust wrote no statistics: {finished.stderr[-2000:]}")
     with open(f"{prefix}_stats.csv") as stats:
@@ -250,6 +259,10 @@ def run_locust(
     if not rows:
         raise RuntimeError(f"locust wrote no statistics: {finished.stderr[-2000:]}")
     total = next(row for row in rows if row["Name"] == "Aggregated")
+    lines_used = Path(f"{prefix}_lines_used")
+    if not lines_used.is_file():
+        raise RuntimeError(f"locust wrote no count of the lines it sent: {finished.stderr[-2000:]}")
+    sent = int(lines_used.read_text())
     requests = int(total["Request Count"])
     return Level(
         requests=requests,
@@ -257,8 +270,34 @@ def run_locust(
         requests_per_second=float(total["Requests/s"]),
         p50_ms=float(total["50%"]),
         p99_ms=float(total["99%"]),
-        cpu_ms_per_request=1000 * cpu_used / max(requests, 1),
+        # Over every request sent (Locust's count leaves out its first second's)
+        cpu_ms_per_request=1000 * cpu_used / max(sent, 1),
+        load_cpu_ms_per_request=1000 * load_used / max(sent, 1),
+        lines_used=sent,
     )
+
+
+def median_level(rounds: list[Level]) -> Level:
+    """A server's turns at one number of clients: each figure's median over the turns (the
+    machine's speed drifts between them), the requests and lines summed."""
+    return Level(
+        requests=sum(level.requests for level in rounds),
+        failures=sum(level.failures for level in rounds),
+        requests_per_second=statistics.median(level.requests_per_second for level in rounds),
+        p50_ms=statistics.median(level.p50_ms for level in rounds),
+        p99_ms=statistics.median(level.p99_ms for level in rounds),
+        cpu_ms_per_request=statistics.median(level.cpu_ms_per_request for level in rounds),
+        load_cpu_ms_per_request=statistics.median(
+            level.load_cpu_ms_per_request for level in rounds
+        ),
+        lines_used=sum(level.lines_used for level in rounds),
+    )
+
+
+def children_cpu_seconds() -> float:
+    """CPU time of this process's finished children (Locust, once it has exited)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def long_request(contender: Contender, sentences: list[str]) -> float:
@@ -266,13 +305,20 @@ def long_request(contender: Contender, sentences: list[str]) -> float:
     started = time.perf_counter()
     answer = httpx.post(f"{contender.url}/translate", json=body, timeout=600)
     answer.raise_for_status()
-    return time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    # A translation of every sentence, not an error or an empty answer with a 200.
+    if len(answer.json().get("translatedText") or "") < len(body["q"]) // 3:
+        raise RuntimeError(f"the long request's answer is too short: {answer.text[:300]}")
+    return elapsed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="1,8,32", help="numbers of closed-loop clients")
-    parser.add_argument("--seconds", type=int, default=30, help="each server's turn at a level")
+    parser.add_argument("--seconds", type=int, default=10, help="each server's turn at a level")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="turns of every server at each level (medians)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="our engine's threads")
     parser.add_argument(
         "--checkpoint",
@@ -369,15 +415,17 @@ def main(argv: list[str] | None = None) -> int:
             run_locust(contender, 4, 5, len(sentences) - 2000, work)
         first_line = 0
         for index, clients in enumerate(levels):
-            turn = contenders if index % 2 == 0 else contenders[::-1]
-            for contender in turn:
-                contender.levels[clients] = run_locust(
-                    contender, clients, args.seconds, first_line, work
-                )
-                print(
-                    f"{contender.name}, {clients} clients: {contender.levels[clients]}", flush=True
-                )
-            first_line += max(c.levels[clients].requests for c in contenders) + clients
+            rounds: dict[str, list[Level]] = {c.name: [] for c in contenders}
+            for round_ in range(args.rounds):
+                start = (index + round_) % len(contenders)  # who goes first rotates
+                for contender in contenders[start:] + contenders[:start]:
+                    level = run_locust(contender, clients, args.seconds, first_line, work)
+                    rounds[contender.name].append(level)
+                    print(f"{contender.name}, {clients} clients: {level}", flush=True)
+                # Past every line sent: a line a server translated before is in its cache.
+                first_line += max(rounds[c.name][-1].lines_used for c in contenders)
+            for contender in contenders:
+                contender.levels[clients] = median_level(rounds[contender.name])
         for round_ in range(3):
             chunk = sentences[first_line : first_line + LONG_REQUEST_SENTENCES]
             first_line += LONG_REQUEST_SENTENCES
@@ -420,7 +468,7 @@ def report(
         "## nmt-serve against LibreTranslate, on the same weights",
         "",
         f"Measured on {cpu_model()}, {os.cpu_count()} cores, all servers on the same machine as "
-        "the load (Locust), taking turns. "
+        "the load (Locust's FastHttpUser), taking turns. "
         + (
             "The committed fr-en checkpoint"
             if args.checkpoint.resolve() == CHECKPOINT.resolve()
@@ -439,7 +487,9 @@ def report(
         f"({', '.join(LIBRETRANSLATE_PINS)}) int8 (`ARGOS_COMPUTE_TYPE=int8`) from an Argos "
         "package of the same weights built by the benchmark; beam 4 on both (their defaults). "
         "Each request one distinct Multi30k training sentence through LibreTranslate's "
-        f"`/translate`, closed loop, {args.seconds} s per server and level. "
+        f"`/translate`, closed loop; at each number of clients {args.rounds} rounds of a "
+        f"{args.seconds} s turn each, who goes first rotating, and each figure the median of a "
+        "server's turns. "
         + (
             "LibreTranslate splits sentences with MiniSBD (the model given)."
             if args.minisbd_model
@@ -481,7 +531,11 @@ def report(
             for c in contenders
         ]
         lines.append(f"| {clients} | " + " | ".join(cells) + " |")
+    load = [level.load_cpu_ms_per_request for c in contenders for level in c.levels.values()]
     lines += [
+        "",
+        f"The load itself (Locust, on the same cores) took {min(load):.1f}-{max(load):.1f} ms of "
+        "CPU a request (its start included).",
         "",
         "| | " + " | ".join(names) + " |",
         "|---|" + "---:|" * len(names),

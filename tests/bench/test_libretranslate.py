@@ -72,6 +72,9 @@ def test_both_servers_answer_the_same_scenario_without_failures(tmp_path):
     for name, result in results.items():
         level = result["levels"]["2"]
         assert level["requests"] > 0, name
+        # the lines sent (the next level starts past them): every request Locust counted, and
+        # those before its count began
+        assert level["lines_used"] >= level["requests"], name
         assert level["failures"] == 0, name
         assert result["peak_rss_mib"] > 0, name
 
