@@ -12,13 +12,13 @@ Both decode with beam 4, their defaults.
 All servers run at once on this machine and take turns behind the same Locust scenario
 (locustfile.py: LibreTranslate's `/translate`, one distinct sentence a request, a closed loop):
 at each number of clients `--rounds` rounds of a `--seconds` turn each, who goes first rotating
-from round to round, each figure the median of a server's turns (this machine's speed drifts
-by a fifth within minutes: one 30 s turn each put ours at 0.80x and 0.99x LibreTranslate's
-best at one client in two runs the same hour). For each: requests/s, p50 and
-p99 latency, the server's CPU per request (its process, all threads, from /proc), the load
-generator's (Locust's FastHttpUser: it shares the servers' cores) and the server's peak
-memory; then one request of 64 sentences, the median of three. Each server is warmed up before
-the first turn.
+from round to round, each figure the median of a server's turns (a 2-core cloud machine's
+speed drifts by a fifth within minutes: one 30 s turn each put ours at 0.80x and 0.99x
+LibreTranslate's best at one client in two runs the same hour on an AMD EPYC Zen 4). For
+each: requests/s, p50 and p99 latency, the server's CPU per request (its process, all threads,
+from /proc), the load generator's (Locust's FastHttpUser: it shares the servers' cores) and
+the server's peak memory; then one request of 64 sentences, the median of three. Each server
+is warmed up before the first turn.
 
 `--checkpoint` serves another checkpoint of the pair on both sides (its bundle, conversion and
 Argos package made under build/bench-libretranslate/checkpoints/); the report then names it.
@@ -270,7 +270,7 @@ def run_locust(
         requests_per_second=float(total["Requests/s"]),
         p50_ms=float(total["50%"]),
         p99_ms=float(total["99%"]),
-        # Over every request sent (Locust's count leaves out its first second's)
+        # Over every request sent (Locust's count leaves out about its first second)
         cpu_ms_per_request=1000 * cpu_used / max(sent, 1),
         load_cpu_ms_per_request=1000 * load_used / max(sent, 1),
         lines_used=sent,

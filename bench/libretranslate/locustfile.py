@@ -10,12 +10,12 @@ Run by bench.libretranslate, once per server and number of clients:
 Lines are taken in order from line N of FILE, across all clients; past its end it starts
 over (the report says so: the sentence pool should outlast the run). At the end it writes how
 many lines it took to BENCH_LINES_USED (when set): Locust's own request count leaves out about
-a second of requests (those before its users had all started), and the next level must start
-past every line a server has translated, or that server's cache answers it.
+its first second of requests (184 counted of 262 sent in a 3 s turn at one client), and the next
+level must start past every line a server has translated, or that server's cache answers it.
 
 The clients are Locust's FastHttpUser (geventhttpclient), not its HttpUser (requests): the load
 runs on the servers' cores, and FastHttpUser takes about half the CPU a request (0.7-0.85 ms
-against 1.4-1.6 ms, against our server at 1, 8 and 32 clients; AMD EPYC Zen 3), which is left
+against 1.4-1.6 ms, against our server at 1, 8 and 32 clients; AMD EPYC Zen 4), which is left
 to the server measured. The report gives what it took (bench.libretranslate).
 """
 
