@@ -112,8 +112,13 @@ class ModelRepository:
         if (self.root / MANIFEST).is_file():
             single = self._single()
             return single if single.name == name else None
+        if "/" in name or name in (".", ".."):
+            return None
         folder = self.root / name
-        if "/" in name or name in (".", "..") or not folder.is_dir():
+        try:
+            if not folder.is_dir():
+                return None
+        except OSError:  # a name no folder can have (too long for the file system): no model
             return None
         return self._entry(folder)
 

@@ -159,3 +159,17 @@ def test_a_load_body_that_is_not_json_gets_the_documented_400(client: TestClient
     documented = client.get("/openapi.json").json()["paths"]["/v1/models/{name}/load"]["post"]
     assert {"400", "413"} <= set(documented["responses"])
     assert translated_by(client) == ("fr-en", 1)  # nothing was loaded or lost
+
+
+@pytest.mark.parametrize("name", ["m" * 300, "%00", "%2e%2e"])
+def test_a_name_no_folder_can_have_is_an_unknown_model(client: TestClient, name: str):
+    # Found by fuzzing: a name longer than the file system allows (255 bytes) made the
+    # repository's folder check raise, and the answer was a 500.
+    for answer in (
+        client.get(f"/v1/models/{name}/ready"),
+        client.post(f"/v1/models/{name}/load"),
+        client.post(f"/v1/models/{name}/unload"),
+    ):
+        assert answer.status_code == 404, answer.text
+        assert "fr-en" in answer.json()["detail"]  # the models there are
+    assert translated_by(client) == ("fr-en", 1)
