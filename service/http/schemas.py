@@ -10,10 +10,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from service.http.dialect import Decoding
+from service.http.glossary_entries import describe, forbidden_character
 from service.serving.confidence import SentenceConfidence
 from service.serving.requests import RequestResult, SentenceAlignment
 from service.serving.settings import Settings
@@ -23,12 +31,26 @@ LAYER_SCHEMA = {"type": "integer", "minimum": 0}
 
 
 class GlossaryTerm(BaseModel):
-    """One entry of an inline glossary: a source term and the target its translation uses."""
+    """One entry of an inline glossary: a source term and the target its translation uses,
+    by the rules of a stored glossary's entries (glossary_entries.py): whitespace around a
+    term dropped, then neither empty nor holding a control character, tab or line break."""
 
     model_config = ConfigDict(extra="forbid")
 
     source: str = Field(min_length=1, max_length=1024, examples=["chien"])
     target: str = Field(min_length=1, max_length=1024, examples=["hound"])
+
+    @field_validator("source", "target")
+    @classmethod
+    def _a_term(cls, term: str) -> str:
+        character = forbidden_character(term)
+        if character is not None:
+            raise PydanticCustomError(
+                "glossary_term", "the term holds {what}", {"what": describe(character)}
+            )
+        if not term.strip():
+            raise PydanticCustomError("glossary_term", "the term is empty (only whitespace)")
+        return term.strip()
 
 
 class TranslateRequestBase(BaseModel):

@@ -356,7 +356,10 @@ class DecodingLoop:
         self._answer(complete, list(expired.values()))
 
     def _fail(self, item: QueuedSentence, error: Exception) -> None:
-        log.warning("engine failed on one sentence (%d tokens): %s", item.tokens, error)
+        # A bug or an input the engine cannot take: the traceback is what finds it.
+        log.error(
+            "engine failed on one sentence (%d tokens): %s", item.tokens, error, exc_info=error
+        )
         with self._lock:
             if item.job.closed:
                 return

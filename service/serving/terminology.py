@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from service.runtime.tokenizer import BundleTokenizer
+from service.serving.errors import InvalidInput
 
 WORD = re.compile(r"\w+|[^\w\s]")
 
@@ -87,13 +88,30 @@ def sentence_terms(
     source_lang: str | None = None,
 ) -> SentenceTerms | None:
     """What the glossary terms in `sentence` ask of the decoder (None: it has none): each
-    target term's tokens, and the source tokens of encode([sentence]) it translates."""
+    target term's tokens, and the source tokens of encode([sentence]) it translates.
+
+    A match over characters the tokenizer drops (a zero-width space, SentencePiece's own "▁")
+    is no term of the sentence the model reads: it is left out. A target term of which the
+    tokenizer keeps nothing cannot be written: InvalidInput, naming the entry."""
     matches = terminology.find(sentence)
     if not matches:
         return None
     spans = tokenizer.source_spans(sentence, [(m.start, m.end) for m in matches], source_lang)
-    constraints = tuple(tokenizer.encode_target(m.target) for m in matches)
-    return SentenceTerms(constraints, tuple(spans), tuple(m.target for m in matches))
+    read = [(m, span) for m, span in zip(matches, spans, strict=True) if span[1] > span[0]]
+    if not read:
+        return None
+    constraints = tuple(tokenizer.encode_target(m.target) for m, _ in read)
+    for (match, _), tokens in zip(read, constraints, strict=True):
+        if not tokens:
+            raise InvalidInput(
+                "glossary_term_unwritable",
+                f"entry {match.source!r} -> {match.target!r}: the model can write nothing of "
+                "its target term (its tokenizer drops every character of it)",
+                field="glossary",
+            )
+    return SentenceTerms(
+        constraints, tuple(span for _, span in read), tuple(m.target for m, _ in read)
+    )
 
 
 def kept(translation: str, targets: Iterable[str]) -> int:

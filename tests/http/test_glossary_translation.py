@@ -73,6 +73,31 @@ def test_a_glossary_needs_source_lang_and_an_id_this_key_made(server: Server) ->
     assert answer.status_code == 404 and answer.json() == {"message": "Glossary not found."}
 
 
+@pytest.mark.parametrize(
+    ("target", "kind"),
+    [
+        (" ", "glossary_term"),  # empty once stripped, as a stored entry's term
+        ("hound\tdog", "glossary_term"),  # a control character
+        ("\u200b", "glossary_term_unwritable"),  # nothing the model can write
+    ],
+)
+def test_an_inline_term_is_held_to_the_rules_of_a_stored_one(
+    server: Server, target: str, kind: str
+) -> None:
+    # Found by fuzzing: these targets reached the search as zero tokens (a 500).
+    answer = native(server, {"glossary": [{"source": "chien", "target": target}]})
+    assert answer.status_code == 422, answer.text
+    assert [error["type"] for error in answer.json()["detail"]] == [kind]
+
+
+def test_a_stored_term_the_model_cannot_write_is_a_deepl_400(server: Server) -> None:
+    glossary = deepl_client(server).create_glossary("bom", "FR", "EN", {"chien": "\ufeff"})
+    with pytest.raises(deepl.DeepLException, match="'chien'"):
+        deepl_client(server).translate_text(
+            TEXTS[0], source_lang="FR", target_lang="EN-US", glossary=glossary
+        )
+
+
 def test_the_native_api_takes_a_glossary_id_or_inline_terms(server: Server) -> None:
     inline = native(server, {"glossary": [{"source": "chien", "target": "hound"}]})
     assert inline.status_code == 200, inline.text

@@ -3,7 +3,14 @@ earliest start winning an overlap (service/serving/terminology.py)."""
 
 from __future__ import annotations
 
-from service.serving.terminology import Terminology, kept
+from pathlib import Path
+
+import pytest
+
+from service.runtime.bundle import load_bundle
+from service.runtime.tokenizer import BundleTokenizer
+from service.serving.errors import InvalidInput
+from service.serving.terminology import Terminology, kept, sentence_terms
 
 
 def found(entries: list[tuple[str, str]], text: str) -> list[tuple[str, str]]:
@@ -46,3 +53,30 @@ def test_a_large_glossary_is_looked_up_by_first_word() -> None:
 
 def test_kept_counts_the_targets_a_translation_contains() -> None:
     assert kept("A Hound runs on the turf.", ["hound", "turf", "feline"]) == 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer(fr_en_bundle: Path) -> BundleTokenizer:
+    return BundleTokenizer(load_bundle(fr_en_bundle))
+
+
+def test_a_target_term_the_tokenizer_drops_is_refused_naming_the_entry(
+    tokenizer: BundleTokenizer,
+) -> None:
+    # Found by fuzzing: such a term reached the search as zero tokens and it raised (a 500).
+    # SentencePiece keeps nothing of a zero-width space, a byte-order mark or its own "▁".
+    for target in ("\u200b", "\ufeff", "\u2581\u2581"):
+        with pytest.raises(InvalidInput) as refused:
+            sentence_terms(tokenizer, Terminology([("ville", target)]), "Un chien en ville.")
+        assert refused.value.field == "glossary" and "'ville'" in refused.value.reason
+    written = sentence_terms(tokenizer, Terminology([("ville", "town")]), "Un chien en ville.")
+    assert written is not None and all(written.constraints)
+
+
+def test_only_the_terms_the_model_reads_are_asked_for(tokenizer: BundleTokenizer) -> None:
+    # A zero-width space ending the text is in no piece the model reads (inside the text it
+    # is part of the next word's piece): a term there has no source to be written for.
+    glossary = Terminology([("\u200b", "nothing"), ("chien", "hound")])
+    terms = sentence_terms(tokenizer, glossary, "Un chien en ville \u200b")
+    assert terms is not None and terms.targets == ("hound",)
+    assert sentence_terms(tokenizer, Terminology([("\u200b", "x")]), "Un chat \u200b") is None
