@@ -90,9 +90,10 @@ def sentence_terms(
     """What the glossary terms in `sentence` ask of the decoder (None: it has none): each
     target term's tokens, and the source tokens of encode([sentence]) it translates.
 
-    A match over characters the tokenizer drops (a zero-width space, SentencePiece's own "▁")
-    is no term of the sentence the model reads: it is left out. A target term of which the
-    tokenizer keeps nothing cannot be written: InvalidInput, naming the entry."""
+    A match that no source piece covers (characters the tokenizer drops, such as a zero-width
+    space ending the text) is no term of the sentence the model reads: it is left out. A
+    target term of which the tokenizer keeps nothing (a zero-width space, a byte-order mark,
+    SentencePiece's own "▁") cannot be written: InvalidInput, naming the entry."""
     matches = terminology.find(sentence)
     if not matches:
         return None
