@@ -198,13 +198,20 @@ def _csv_rows(
         yield line, (row[0], row[1])
 
 
-def _term(term: str, which: str, line: int, limits: EntryLimits) -> str:
+def clean_term(term: str) -> tuple[str, str | None]:
+    """A term by DeepL's rules (stored entries and inline terms alike): whitespace around it
+    dropped; and what is wrong with it ("holds a tab", "is empty"), or None."""
     character = forbidden_character(term)  # a quoted CSV field may hold a separator
     if character is not None:
-        raise InvalidEntries(f"the {which} term holds {describe(character)}", line)
+        return term, f"holds {describe(character)}"
     term = term.strip()
-    if not term:
-        raise InvalidEntries(f"the {which} term is empty", line)
+    return term, None if term else "is empty"
+
+
+def _term(term: str, which: str, line: int, limits: EntryLimits) -> str:
+    term, problem = clean_term(term)
+    if problem is not None:
+        raise InvalidEntries(f"the {which} term {problem}", line)
     size = utf8_size(term)
     if size > limits.max_term_bytes:
         raise InvalidEntries(

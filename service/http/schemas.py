@@ -21,7 +21,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from service.http.dialect import Decoding
-from service.http.glossary_entries import describe, forbidden_character
+from service.http.glossary_entries import clean_term
 from service.serving.confidence import SentenceConfidence
 from service.serving.requests import RequestResult, SentenceAlignment
 from service.serving.settings import Settings
@@ -43,14 +43,10 @@ class GlossaryTerm(BaseModel):
     @field_validator("source", "target")
     @classmethod
     def _a_term(cls, term: str) -> str:
-        character = forbidden_character(term)
-        if character is not None:
-            raise PydanticCustomError(
-                "glossary_term", "the term holds {what}", {"what": describe(character)}
-            )
-        if not term.strip():
-            raise PydanticCustomError("glossary_term", "the term is empty (only whitespace)")
-        return term.strip()
+        term, problem = clean_term(term)
+        if problem is not None:
+            raise PydanticCustomError("glossary_term", "the term {problem}", {"problem": problem})
+        return term
 
 
 class TranslateRequestBase(BaseModel):
