@@ -4,6 +4,7 @@ alone; a batch stepped together with another keeps both."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -82,18 +83,43 @@ def test_a_term_is_written_where_its_source_is_translated(translator) -> None:
     assert text.split()[1].lower() == "hound", text
 
 
-def test_a_term_the_attention_never_reaches_ends_at_the_limit(translator) -> None:
-    """Its span names no source token the decoder looks at: no hypothesis can write it, so
-    the sentence stops at its length limit with the best it has, without an error."""
+def test_a_term_the_attention_never_reaches_is_left_out_not_run_on(translator) -> None:
+    """Its span names no source token the decoder looks at: no beam can write it, so each
+    ends where the model ends it, and the sentence comes out as beam search has it, without
+    the term: not run on to its length limit looking for a place to put it."""
     text, _ = CASES[2]
     [source] = translator.tokenizer.encode([text])
     term = translator.tokenizer.encode_target("zebra")
-    options = SearchOptions(beam_size=4, max_length=12)
+    options = SearchOptions(beam_size=4, max_length=40)
     stuck = Sentence(source, options, 0, constraints=(term,), constraint_spans=((99, 100),))
     batch = running_batch(translator.engine, 4, translator.tokenizer.term_words())
     batch.join([stuck])
     [best, *_] = decode([batch])[0]
-    assert len(best.tokens) <= 12
+    [plain, *_] = search(translator.engine, [source], options)[0]
+    assert best.tokens == plain.tokens, translator.tokenizer.decode(best.tokens)
+
+
+def test_a_beam_the_model_ends_before_its_term_does_not_run_on(translator) -> None:
+    """A beam that wrote "A jockey on his horse." without the term ends there (ranked after
+    those with it) instead of writing a second sentence to fit "steed" in ("A jockey on his
+    horse. A steed jockey.")."""
+    text = "Un jockey sur son cheval."
+    batch = running_batch(translator.engine, 4, translator.tokenizer.term_words())
+    batch.join([sentence(translator, text, [("cheval", "steed")], 0)])
+    hypotheses = [translator.tokenizer.decode(h.tokens) for h in decode([batch])[0]]
+    assert "steed" in hypotheses[0], hypotheses
+    for found in hypotheses:
+        assert len(re.findall(r"[.!?]", found)) <= 1, hypotheses
+
+
+def test_a_term_that_goes_on_with_the_word_it_displaced_is_written_whole(translator) -> None:
+    """Where "photographic camera" starts, the model wanted "camera": that word is not written
+    again while the beam looks at "appareil photo", except as the term's own next token."""
+    text = "La femme en bleu manipule un appareil photo devant deux autres femmes."
+    batch = running_batch(translator.engine, 4, translator.tokenizer.term_words())
+    batch.join([sentence(translator, text, [("appareil photo", "photographic camera")], 0)])
+    best = translator.tokenizer.decode(decode([batch])[0][0].tokens)
+    assert "photographic camera" in best, best
 
 
 def test_stepped_together_with_a_greedy_batch_it_decodes_as_apart(translator) -> None:
