@@ -683,8 +683,10 @@ def _join_legs(
         ]
         alignment = []
         if options.alignment:
+            # (A sentence the first leg translated to nothing gave the second leg an empty
+            # text, which has no sentence and so no alignment: nothing to compose with.)
             alignment = [
-                _composed(a, s.alignment[0], with_weights)
+                _composed(a, s.alignment[0] if s.alignment else _NOTHING, with_weights)
                 for a, s in zip(text.alignment, sentences, strict=True)
             ]
             weights += sum(len(a.weights) * len(a.source_tokens) for a in alignment)
@@ -716,6 +718,9 @@ def _join_legs(
         pivot=pivot.via,
         confidence_label=second.confidence_label,
     )
+
+
+_NOTHING = SentenceAlignment([], [], [])  # the alignment of an empty text's translation
 
 
 def _composed(

@@ -98,6 +98,26 @@ def test_the_alignment_through_english_is_the_product_of_the_two(client: TestCli
     assert len(composed["word_alignment"]) == len(composed["target_words"])
 
 
+def test_a_sentence_the_first_leg_leaves_empty_has_an_empty_alignment(client: TestClient):
+    """With no length penalty, beam 2 ranks ending at once (-8.2) above this sentence's
+    translation (-12.4): the English is "", which the second leg has no sentence of; its
+    alignment through the pivot is empty, not a failure."""
+    text = "Une fille regarde la mer dans la neige avec une voiture grande et 59314 ballons."
+    options = {"beam_size": 2, "length_penalty": 0.0, "return_alignment": True}
+    first = client.post(
+        "/v1/translate", json={"text": text, "source_lang": "fr", "target_lang": "en", **options}
+    )
+    assert first.status_code == 200 and first.json()["translations"][0]["text"] == ""
+    through = client.post(
+        "/v1/translate", json={"text": text, "source_lang": "fr", "target_lang": "de", **options}
+    )
+    assert through.status_code == 200, through.text
+    (translation,) = through.json()["translations"]
+    assert translation["text"] == ""
+    (alignment,) = translation["alignment"]
+    assert alignment["target_tokens"] == [] and alignment["weights"] == []
+
+
 def test_pieces_of_two_tokenizers_are_bridged_by_shared_characters():
     # "▁chiens" vs "▁chi" "ens": two cuts of one text.
     overlap = piece_overlap(["▁chi", "ens", "▁noirs", "</s>"], ["▁chiens", "▁noir", "s", "</s>"])
