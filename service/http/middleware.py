@@ -142,6 +142,8 @@ class RequestContextMiddleware:
                     "(NMT_BODY_TIMEOUT_SECONDS)",
                     close=True,
                 )
+            elif replay == "disconnected":  # nobody to answer: a 499 in the metrics and log
+                state["error"] = "the client left while sending its body"
             elif not (never_refused(scope) or self.in_flight < self.max_in_flight):
                 state["error"] = "overloaded"
                 await self._overloaded(scope, send_with_id)
@@ -181,7 +183,7 @@ class RequestContextMiddleware:
         all arrived within the body timeout ("timeout": one deadline for the whole body, not
         per pause, so a byte every few seconds does not hold the connection for ever), and
         give the app a `receive` that replays it and then passes through (to report the
-        disconnect)."""
+        disconnect). "disconnected": the client left before its body was whole."""
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 return None
@@ -194,17 +196,15 @@ class RequestContextMiddleware:
             except TimeoutError:
                 return "timeout"
             if message["type"] != "http.request":  # disconnected while sending
-                chunks_done: list[Message] = [message]
-                break
+                return "disconnected"
             body = message.get("body", b"")
             size += len(body)
             if size > limit:
                 return None
             chunks.append(body)
             if not message.get("more_body", False):
-                chunks_done = [{"type": "http.request", "body": b"".join(chunks)}]
                 break
-        pending = chunks_done
+        pending: list[Message] = [{"type": "http.request", "body": b"".join(chunks)}]
 
         async def replay() -> Message:
             if pending:

@@ -148,3 +148,33 @@ def test_a_slow_body_holds_no_in_flight_slot_and_has_one_deadline_for_the_whole_
             statuses.append(read_answer(sock)[0])
         assert time.monotonic() - started < 10  # the deadline, not the pauses, ended them
         assert set(statuses) <= {408, None} and 408 in statuses
+
+
+def test_a_client_that_leaves_mid_body_is_a_499_not_a_500(model_dir: Path, logs: Path):
+    """Its request never reaches a route (the body is read first): nothing to answer, no
+    error logged, and the metrics count a client that closed the request."""
+    paths = ["/v1/translate", "/translate", "/v2/translate", "/v2/glossaries", "/detect"]
+    with running_server(model_dir, logs) as server:
+        for path in paths:
+            sock = connect(server.url)
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                'Content-Length: 1000\r\n\r\n{"q": "Un homme'.encode()
+            )
+            time.sleep(0.2)
+            sock.close()
+        deadline = time.monotonic() + 15
+        while True:  # (the server notices each close on its own time)
+            metrics = httpx.get(f"{server.url}/metrics").text
+            closed = [
+                line
+                for line in metrics.splitlines()
+                if line.startswith("nmt_requests_total{") and 'status="499"' in line
+            ]
+            if sum(float(line.rsplit(" ", 1)[1]) for line in closed) >= len(paths):
+                break
+            assert time.monotonic() < deadline, metrics
+            time.sleep(0.2)
+        assert 'status="500"' not in metrics
+        assert httpx.post(f"{server.url}/v1/translate", content=TRANSLATE, headers=JSON).is_success
+    assert "unhandled error" not in server.log()
