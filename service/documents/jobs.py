@@ -9,6 +9,12 @@ are kept in the store as it finishes, with the lease renewed; a worker that take
 whose worker died starts after the last chunk kept. When all are done the file is written and
 stored; a file that cannot be translated ends the job in `error` with the reason.
 
+A job is not lost to the server's own state: if its pair's model is unloaded (or being loaded
+again) it goes back to the queue, chunks kept, and this server's workers pass it over until a
+model serves its pair again (a replica that serves it may take it meanwhile); if the server
+stops, or its drain runs out while a chunk is in the loop, it goes back to the queue for
+whoever comes next.
+
 Everything CPU-bound (reading and writing files, the markup layout) runs on worker threads,
 every store call too: the event loop only waits.
 """
@@ -27,7 +33,7 @@ from service.documents import markup
 from service.documents.files import Upload, limits_of, read_upload, reopen
 from service.documents.formats import DocumentRefused, format_named
 from service.runtime.search import SearchOptions
-from service.serving.errors import ServiceError
+from service.serving.errors import ModelUnavailable, ServiceError, ShuttingDown, UnknownPair
 from service.serving.requests import TranslationService
 from service.serving.settings import Settings
 from service.serving.terminology import Terminology
@@ -97,6 +103,9 @@ class DocumentJobs:
         self.worker_id = f"{uuid.uuid4().hex[:12]}"
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
+        # Jobs given back because no model serves their pair now: document id -> its pair.
+        # Passed over by this server's workers until the pair is served again.
+        self._waiting: dict[str, tuple[str, str]] = {}
 
     # --- the client's side -------------------------------------------------------------
 
@@ -179,8 +188,13 @@ class DocumentJobs:
                 if polls % EXPIRE_EVERY_POLLS == 0:
                     await asyncio.to_thread(self.store.documents.expire)
                 polls += 1
+                waiting = self._waiting.items()
+                self._waiting = {job: pair for job, pair in waiting if not self._serves(*pair)}
                 job = await asyncio.to_thread(
-                    self.store.documents.claim, worker, self.settings.document_lease_seconds
+                    self.store.documents.claim,
+                    worker,
+                    self.settings.document_lease_seconds,
+                    list(self._waiting),
                 )
             except asyncio.CancelledError:
                 raise
@@ -196,15 +210,33 @@ class DocumentJobs:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), self.settings.document_poll_seconds)
 
+    def _serves(self, source_lang: str, target_lang: str) -> bool:
+        try:
+            self.service.model_for(source_lang, target_lang)
+        except ServiceError:
+            return False
+        return True
+
+    async def _release(self, worker: str, job: ClaimedDocument) -> None:
+        """The job back to the queue, its chunks kept, for whoever claims it next."""
+        with contextlib.suppress(Exception):
+            await asyncio.shield(
+                asyncio.to_thread(self.store.documents.release, job.document_id, worker)
+            )
+
     async def _translate_held(self, worker: str, job: ClaimedDocument) -> None:
         try:
             await self._translate(worker, job)
         except asyncio.CancelledError:  # the server stops: someone else takes it from here
-            with contextlib.suppress(Exception):
-                await asyncio.shield(
-                    asyncio.to_thread(self.store.documents.release, job.document_id, worker)
-                )
+            await self._release(worker, job)
             raise
+        except ShuttingDown:  # the drain ran out with a chunk in the loop: the same
+            log.info("document given back: the server stops", extra=_ids(job))
+            await self._release(worker, job)
+        except (UnknownPair, ModelUnavailable) as error:  # its model went away, for now
+            log.info("document waits for its model", extra={**_ids(job), "reason": str(error)})
+            self._waiting[job.document_id] = (job.source_lang, job.target_lang)
+            await self._release(worker, job)
         except (DocumentRefused, ServiceError) as error:
             reason = getattr(error, "reason", None) or str(error)
             await self._fail(worker, job, reason)
@@ -290,6 +322,10 @@ class DocumentJobs:
                 f"{job.source_lang}->{job.target_lang}"
             ) from None
         return await asyncio.to_thread(Terminology, dictionary.entries)
+
+
+def _ids(job: ClaimedDocument) -> dict[str, str]:
+    return {"document_id": job.document_id}
 
 
 def _chunks(

@@ -21,6 +21,7 @@ import hmac
 import json
 import secrets
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -177,15 +178,20 @@ class DocumentStore:
                 )
         return row.filename, data
 
-    def claim(self, worker: str, lease_seconds: float) -> ClaimedDocument | None:
+    def claim(
+        self, worker: str, lease_seconds: float, passed_over: Sequence[str] = ()
+    ) -> ClaimedDocument | None:
         """The oldest job that is queued, or translating under a lease that ran out, now held
-        by `worker`; None when there is none."""
+        by `worker`; None when there is none. `passed_over`: ids of jobs not to claim (their
+        pair is not served here now)."""
         now = _now()
         with self.database.write() as connection:
             claimable = or_(
                 document_jobs.c.status == "queued",
                 and_(document_jobs.c.status == "translating", document_jobs.c.lease_expires < now),
             )
+            if passed_over:
+                claimable = and_(claimable, document_jobs.c.id.not_in(list(passed_over)))
             row = connection.execute(
                 select(document_jobs)
                 .where(claimable)

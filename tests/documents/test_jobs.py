@@ -1,12 +1,22 @@
-"""The document worker's arithmetic without a model: how a document is cut into chunks, the
-throughput behind seconds_remaining, and the name a translated file is offered under."""
+"""The document worker without a model: how a document is cut into chunks, the throughput
+behind seconds_remaining, the name a translated file is offered under, and what becomes of a
+job whose server cannot translate it now (a real store; the model's side stands in)."""
 
 from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
 
 from service.documents import markup
 from service.documents.files import result_name
 from service.documents.formats.base import DocumentFormat
-from service.documents.jobs import Throughput, _chunks
+from service.documents.jobs import DocumentJobs, Throughput, _chunks
+from service.serving.errors import ModelUnavailable, ServiceError, ShuttingDown, UnknownPair
+from service.serving.settings import Settings
+from service.store import NewDocument, open_store
 
 LAYOUT = markup.MarkupOptions(kind="xml", split="no_newlines", outline_detection=False)
 
@@ -63,3 +73,36 @@ def test_the_result_keeps_the_clients_base_name_and_nothing_else():
     assert result_name(None, _Docx) == "document.docx"
     assert result_name(".docx", _Docx) == "document.docx"
     assert result_name("rapport.txt", _Docx) == "rapport.txt.docx"
+
+
+class _Unavailable:
+    """The translation service's side of a server that cannot translate the pair now."""
+
+    def __init__(self, error: ServiceError) -> None:
+        self.error = error
+        self.metrics = None
+
+    def model_for(self, source_lang: str, target_lang: str) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "passed_over"),
+    [
+        (ShuttingDown("the drain ran out"), False),  # back to the queue for the next server
+        (UnknownPair("fr", "en", []), True),  # unloaded: back, and passed over here till served
+        (ModelUnavailable("fr-en"), True),
+    ],
+)
+def test_a_job_the_server_cannot_translate_now_goes_back_to_the_queue(
+    tmp_path: Path, error: ServiceError, passed_over: bool
+):
+    settings = Settings(database_url=SecretStr(f"sqlite:///{tmp_path / 'nmt.db'}"))
+    store = open_store(settings)
+    document = NewDocument("", "a.txt", "txt", "fr", "en", None, {}, 1, 13, b"Un chat dort.")
+    document_id, key = store.documents.create(document, 3600)
+    jobs = DocumentJobs(settings, _Unavailable(error), store)  # type: ignore[arg-type]
+    job = store.documents.claim("w", lease_seconds=30)
+    asyncio.run(jobs._translate_held("w", job))
+    assert store.documents.status(document_id, key).status == "queued"
+    assert (document_id in jobs._waiting) == passed_over

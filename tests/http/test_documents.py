@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import signal
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -339,3 +340,52 @@ def test_two_servers_on_one_postgresql_share_their_jobs(
         )
         assert paragraphs_of(result.content) == text_api(front.url, SENTENCES[:2])
         assert "document done" in back.log()
+
+
+def test_a_document_whose_model_is_unloaded_waits_for_it_and_loses_nothing(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+):
+    """An admin unloads fr-en while a document is being translated and another waits behind
+    it: both go back to the queue (chunks kept) instead of failing, and both finish, as the
+    text API translates them, once the model is loaded again."""
+    state = tmp_path_factory.mktemp("reload-state")
+    settings = Settings(
+        model_dir=model_dir,
+        threads=1,
+        database_url=SecretStr(own_database(state)),
+        document_poll_seconds=0.05,
+        document_chunk_sentences=2,
+    )
+    client = start(settings)
+    try:
+        paragraphs = [f"{sentence} ({n})" for n in range(20) for sentence in SENTENCES]
+        handles = [
+            deepl_upload(client, f"{name}.txt", "\n\n".join(paragraphs).encode()).json()
+            for name in ("first", "second")
+        ]
+
+        def status(handle: dict) -> dict:
+            return client.post(f"/v2/document/{handle['document_id']}", json=handle).json()
+
+        translating = lambda: status(handles[0])["status"] == "translating"  # noqa: E731
+        wait_until(translating, 60, "the first document being translated", every=0.02)
+        assert client.post("/v1/models/fr-en/unload").status_code == 200
+        for _ in range(10):  # the workers poll 20 times a second
+            assert {status(h)["status"] for h in handles} <= {"queued", "translating"}
+            time.sleep(0.1)
+        assert client.post("/v1/models/fr-en/load").status_code == 200
+        done = lambda: all(status(h)["status"] == "done" for h in handles)  # noqa: E731
+        wait_until(done, 120, "both documents translated")
+        expected = []
+        for first in range(0, len(paragraphs), 20):  # (NMT_MAX_TEXTS_PER_REQUEST)
+            texts = paragraphs[first : first + 20]
+            answer = client.post(
+                "/v1/translate", json={"text": texts, "source_lang": "fr", "target_lang": "en"}
+            )
+            expected += [item["text"] for item in answer.json()["translations"]]
+        for handle in handles:
+            result = client.post(f"/v2/document/{handle['document_id']}/result", json=handle)
+            assert result.status_code == 200, result.text
+            assert result.text.split("\n\n") == expected
+    finally:
+        client.__exit__(None, None, None)

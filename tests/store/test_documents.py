@@ -86,6 +86,17 @@ def test_a_released_job_is_claimed_again_at_once(store: Store):
     assert again is not None and again.document_id == job.document_id
 
 
+def test_jobs_passed_over_are_left_for_later_and_the_next_one_is_claimed(store: Store):
+    """A worker passes over the jobs whose pair its server does not serve now."""
+    waiting, _ = upload(store)
+    behind, _ = upload(store)
+    job = store.documents.claim("w", lease_seconds=30, passed_over=[waiting])
+    assert job is not None and job.document_id == behind
+    assert store.documents.claim("w", lease_seconds=30, passed_over=[waiting]) is None
+    later = store.documents.claim("w", lease_seconds=30)
+    assert later is not None and later.document_id == waiting
+
+
 def test_a_job_that_keeps_killing_its_workers_ends_in_error(store: Store):
     document_id, key = upload(store)
     for attempt in range(MAX_ATTEMPTS):
