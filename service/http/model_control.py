@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse
 from service.http.dependencies import ServiceDep, require_admin_key, require_api_key
 from service.http.routes import ERROR_RESPONSES
 from service.http.schemas import ModelInfo, ModelLoadRequest, ModelReady, ModelsResponse
-from service.serving.errors import ModelUnknown
 from service.serving.requests import TranslationService
 
 ADMIN = [Depends(require_admin_key)]
@@ -104,15 +103,15 @@ def build_router() -> APIRouter:
     )
     async def unload(name: str, service: ServiceDep) -> ModelInfo:
         await asyncio.to_thread(service.registry.unload, name)
-        found = [m for m in service.registry.describe() if m["name"] == name]
-        return ModelInfo(**(found[0] if found else {"name": name, "state": "unloaded"}))
+        return _described(service, name)
 
     return router
 
 
 def _described(service: TranslationService, name: str) -> ModelInfo:
-    registry = service.registry
-    for model in registry.describe():
+    """The model as /v1/models lists it; unloaded when the registry holds none of it (an
+    unload that came in while this call loaded it, or the one this call made)."""
+    for model in service.registry.describe():
         if model["name"] == name:
             return ModelInfo(**model)
-    raise ModelUnknown(name, registry.names())
+    return ModelInfo(name=name, state="unloaded")

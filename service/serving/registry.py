@@ -413,10 +413,13 @@ class ModelRegistry:
         return serving
 
     def unload(self, name: str) -> None:
-        """Retire every version of `name`: requests holding one finish on it."""
+        """Retire every version of `name`: requests holding one finish on it. A model of the
+        repository that is not loaded is unloaded already: nothing to do."""
         with self._load_lock(name), self._lock:
             records = self._records.get(name)
             if not records:
+                if self.repository.entry(name) is not None:
+                    return
                 raise ModelUnknown(name, sorted(self._records))
             for record in records:
                 if record.state == "ready":

@@ -83,7 +83,11 @@ def test_versions_load_switch_roll_back_and_unload(
     assert not_ready.status_code == 503 and not_ready.json()["ready"] is False
     assert not_ready.json()["state"] in ("unloading", "unloaded")
     assert client.get("/readyz").status_code == 503
+    # Unloading it again: it is unloaded already, as its readiness says; not an unknown model.
+    again = client.post("/v1/models/fr-en/unload")
+    assert again.status_code == 200 and again.json()["state"] in ("unloading", "unloaded")
     assert client.get("/v1/models/de-en/ready").status_code == 404
+    assert client.post("/v1/models/de-en/unload").status_code == 404
     assert client.post("/v1/models/de-en/load").status_code == 404
 
     # Back by the policy: the newest that loads. Version 3 is still broken, and said to be.
