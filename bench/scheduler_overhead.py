@@ -54,15 +54,12 @@ class StepTimes:
         model: ModelLabels,
         sentences: int,
         rows: int,
-        reserved_tokens: int,
         output_tokens: int,
         seconds: float,
     ) -> None:
         self.seconds.append(seconds)
         if self._metrics is not None:
-            self._metrics.observe_step(
-                model, sentences, rows, reserved_tokens, output_tokens, seconds
-            )
+            self._metrics.observe_step(model, sentences, rows, output_tokens, seconds)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         """Every other report of the observer protocol: the server's, or nothing."""

@@ -250,6 +250,10 @@ class DecodingLoop:
         """Sentences in the workers' running batches."""
         return sum(worker.running for worker in self.workers)
 
+    def reserved_tokens(self) -> int:
+        """Tokens the workers' running batches have reserved (RunningBatch.reserved_tokens)."""
+        return sum(worker.reserved_tokens() for worker in self.workers)
+
     @property
     def alive(self) -> bool:
         """Whether a worker's thread still runs (none once closed and drained)."""
@@ -502,8 +506,12 @@ class Worker:
 
     @property
     def running(self) -> int:
-        """Sentences in this worker's running batches."""
-        return sum(len(batch) for batch in self._batches.values())
+        """Sentences in this worker's running batches. (Also read by the metrics' scrape,
+        from another thread: over a copy of the batches, which this thread may change.)"""
+        return sum(len(batch) for batch in list(self._batches.values()))
+
+    def reserved_tokens(self) -> int:
+        return sum(batch.reserved_tokens() for batch in list(self._batches.values()))
 
     def _work(self) -> None:
         while self._wait_for_work():
@@ -686,7 +694,6 @@ class Worker:
             self._steps_since_join[key] = self._steps_since_join.get(key, 0) + 1
         sentences = sum(len(batch) for batch in batches)
         rows = sum(batch.rows for batch in batches)
-        reserved = sum(batch.reserved_tokens() for batch in batches)
         started = loop.clock()
         try:
             if len(batches) == 1:
@@ -703,7 +710,6 @@ class Worker:
                 loop.model,
                 sentences=sentences,
                 rows=rows,
-                reserved_tokens=reserved,
                 output_tokens=sum(len(f.hypotheses[0].tokens) for f in finished),
                 seconds=loop.clock() - started,
             )

@@ -165,14 +165,14 @@ class Metrics:
         # tgi_batch_current_max_tokens, tgi_batch_forward_duration, tgi_request_*_duration).
         self.batch_current_size = Gauge(
             "nmt_batch_current_size",
-            "sentences in the running batch (continuous batching), after the last step",
+            "sentences in the running batches (continuous batching), at the scrape",
             ["model", "version"],
             registry=registry,
         )
         self.batch_current_max_tokens = Gauge(
             "nmt_batch_current_max_tokens",
-            "tokens the running batch has reserved: sources plus the caches its rows may "
-            "grow to (bounded by NMT_MAX_BATCH_TOTAL_TOKENS)",
+            "tokens the running batches have reserved, at the scrape: sources plus the "
+            "caches their rows may grow to (bounded by NMT_MAX_BATCH_TOTAL_TOKENS a batch)",
             ["model", "version"],
             registry=registry,
         )
@@ -317,39 +317,33 @@ class Metrics:
         model: ModelLabels,
         sentences: int,
         rows: int,
-        reserved_tokens: int,
         output_tokens: int,
         seconds: float,
     ) -> None:
-        self._steps.append((model, sentences, reserved_tokens, output_tokens, seconds))
+        self._steps.append((model, sentences, output_tokens, seconds))
         if len(self._steps) >= STEP_BUFFER:
             self.flush_steps(wait=False)
 
     def flush_steps(self, wait: bool = True) -> None:
-        """Put the buffered steps into their metrics, in order. One flush at a time (so the
-        gauges end at the latest step); `wait=False` (the worker) leaves it to a flush
-        already under way. The histograms take every step; the counters take each model's
-        sums and the gauges its last step, once a flush (each update takes a lock: with six
-        updates a step, buffering and flushing took the worker 4.5 µs a step; with two, 3.0;
-        on an AMD EPYC with AVX2)."""
+        """Put the buffered steps into their metrics, in order. One flush at a time;
+        `wait=False` (the worker) leaves it to a flush already under way. The histograms take
+        every step; the counters take each model's sums, once a flush (each update takes a
+        lock: with six updates a step, buffering and flushing took the worker 4.5 µs a step;
+        with two, 3.0; on an AMD EPYC with AVX2)."""
         if not self._flushing.acquire(blocking=wait):
             return
         try:
             counted: dict[ModelLabels, list[int]] = {}  # model -> [steps, output tokens]
-            last: dict[ModelLabels, tuple[int, int]] = {}  # its last (sentences, reserved)
             while self._steps:
-                model, sentences, reserved_tokens, output_tokens, seconds = self._steps.popleft()
-                step_sentences, _, _, duration, _, _ = self._per_step(model)
+                model, sentences, output_tokens, seconds = self._steps.popleft()
+                step_sentences, duration, _, _ = self._per_step(model)
                 step_sentences.observe(sentences)
                 duration.observe(seconds)
                 count = counted.setdefault(model, [0, 0])
                 count[0] += 1
                 count[1] += output_tokens
-                last[model] = sentences, reserved_tokens
             for model, (steps, output_tokens) in counted.items():
-                _, size, max_tokens, _, tokens, decode_steps = self._per_step(model)
-                size.set(last[model][0])
-                max_tokens.set(last[model][1])
+                _, _, tokens, decode_steps = self._per_step(model)
                 if output_tokens:
                     tokens.inc(output_tokens)
                 decode_steps.inc(steps)
@@ -363,8 +357,6 @@ class Metrics:
         if found is None:
             found = self._step_metrics[model] = (
                 self.step_sentences.labels(*model),
-                self.batch_current_size.labels(*model),
-                self.batch_current_max_tokens.labels(*model),
                 self.forward_duration.labels(*model, "decode"),
                 self.output_tokens.labels(*model),
                 self.decode_steps.labels(*model),
@@ -450,6 +442,15 @@ class Metrics:
     def observe_model_loaded(self, model: ModelLabels, seconds: float, queue_capacity: int) -> None:
         self.model_load.labels(*model).set(seconds)
         self.queue_capacity.labels(*model).set(queue_capacity)
+
+    def watch_batches(
+        self, model: ModelLabels, sentences: Callable[[], int], tokens: Callable[[], int]
+    ) -> None:
+        """nmt_batch_current_size and _max_tokens of `model` become `sentences()` and
+        `tokens()` (its decoding loop's running batches) at each scrape: what runs now, 0
+        when idle, not what ran at the last step before."""
+        self.batch_current_size.labels(*model).set_function(sentences)
+        self.batch_current_max_tokens.labels(*model).set_function(tokens)
 
 
 class _FlushSteps(Collector):

@@ -22,7 +22,6 @@ class BatchObserver(Protocol):
         model: ModelLabels,
         sentences: int,
         rows: int,
-        reserved_tokens: int,
         output_tokens: int,
         seconds: float,
     ) -> None: ...

@@ -620,6 +620,7 @@ class ModelRegistry:
         seconds = time.monotonic() - started
         if self.metrics:
             self.metrics.observe_model_loaded(labels, seconds, limits.max_queued)
+            self.metrics.watch_batches(labels, lambda: loop.running, loop.reserved_tokens)
         # The encoder has max_positions positions; longer sentences cannot be encoded at all.
         token_limit = min(settings.max_tokens_per_sentence, bundle.dims["max_positions"])
         return LoadedModel(

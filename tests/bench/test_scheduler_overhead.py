@@ -41,9 +41,7 @@ def test_both_searches_are_measured_and_written_between_the_markers(
 def test_the_observer_keeps_step_times_and_passes_every_report_on() -> None:
     metrics = Metrics()
     kept = StepTimes(metrics)
-    kept.observe_step(
-        ("fr-en", "1"), sentences=2, rows=2, reserved_tokens=40, output_tokens=3, seconds=0.25
-    )
+    kept.observe_step(("fr-en", "1"), sentences=2, rows=2, output_tokens=3, seconds=0.25)
     kept.observe_left(("fr-en", "1"), "finished", 2)  # not StepTimes' own: the metrics' method
     assert kept.seconds == [0.25]
     metrics.flush_steps()
@@ -52,9 +50,7 @@ def test_the_observer_keeps_step_times_and_passes_every_report_on() -> None:
     assert 'nmt_batch_left_sentences_total{model="fr-en",reason="finished",version="1"} 2.0' in text
 
     alone = StepTimes(None)
-    alone.observe_step(
-        ("fr-en", "1"), sentences=1, rows=1, reserved_tokens=9, output_tokens=0, seconds=0.5
-    )
+    alone.observe_step(("fr-en", "1"), sentences=1, rows=1, output_tokens=0, seconds=0.5)
     alone.observe_left(("fr-en", "1"), "finished", 1)  # dropped: no metrics behind it
     assert alone.seconds == [0.5]
     with pytest.raises(AttributeError):

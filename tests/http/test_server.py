@@ -131,6 +131,9 @@ def test_64_concurrent_requests_match_sequential_translation_and_are_batched(
         steps = moved("nmt_batch_step_sentences_count", model="fr-en")
         occupancy = moved("nmt_batch_step_sentences_sum", model="fr-en") / steps
         assert occupancy > 2, f"{occupancy:.1f} sentences per step: steps were not shared"
+        # Every request answered: nothing runs now (not the last step's batch, as it was).
+        assert sample(after, "nmt_batch_current_size", model="fr-en") == 0
+        assert sample(after, "nmt_batch_current_max_tokens", model="fr-en") == 0
 
 
 def test_a_full_queue_answers_429_with_retry_after_at_once(model_dir: Path, logs: Path):

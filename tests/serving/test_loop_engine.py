@@ -52,7 +52,7 @@ class StepThreads:
         self.steps: dict[str, list[int]] = {}
         self._lock = threading.Lock()
 
-    def observe_step(self, model, sentences, rows, reserved_tokens, output_tokens, seconds):
+    def observe_step(self, model, sentences, rows, output_tokens, seconds):
         with self._lock:
             self.steps.setdefault(threading.current_thread().name, []).append(sentences)
 

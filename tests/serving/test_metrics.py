@@ -17,12 +17,12 @@ def scraped(metrics: Metrics) -> dict[tuple[str, tuple], float]:
     return samples
 
 
-def test_buffered_steps_are_all_in_the_next_scrape_and_the_gauges_hold_the_latest():
+def test_buffered_steps_are_all_in_the_next_scrape():
     metrics = Metrics()
-    steps = [(3, 120, 0, 0.002), (3, 120, 2, 0.004), (1, 40, 5, 0.001)]
-    for sentences, reserved, output_tokens, seconds in steps:
-        metrics.observe_step(("fr-en", ""), sentences, sentences, reserved, output_tokens, seconds)
-    metrics.observe_step(("de-en", ""), 7, 28, 300, 1, 0.01)
+    steps = [(3, 0, 0.002), (3, 2, 0.004), (1, 5, 0.001)]
+    for sentences, output_tokens, seconds in steps:
+        metrics.observe_step(("fr-en", ""), sentences, sentences, output_tokens, seconds)
+    metrics.observe_step(("de-en", ""), 7, 28, 1, 0.01)
     page = scraped(metrics)
     fr = (("model", "fr-en"), ("version", ""))
     assert page[("nmt_batch_step_sentences_count", fr)] == 3
@@ -32,11 +32,8 @@ def test_buffered_steps_are_all_in_the_next_scrape_and_the_gauges_hold_the_lates
     assert abs(page[("nmt_batch_forward_duration_seconds_sum", decode)] - 0.007) < 1e-12
     assert page[("nmt_output_tokens_total", fr)] == 7
     assert page[("nmt_decode_steps_total", fr)] == 3
-    assert page[("nmt_batch_current_size", fr)] == 1  # the last step's
-    assert page[("nmt_batch_current_max_tokens", fr)] == 40
-    assert page[("nmt_batch_current_size", (("model", "de-en"), ("version", "")))] == 7
     # A second scrape counts nothing twice.
-    metrics.observe_step(("fr-en", ""), 2, 2, 80, 1, 0.003)
+    metrics.observe_step(("fr-en", ""), 2, 2, 1, 0.003)
     page = scraped(metrics)
     assert page[("nmt_batch_step_sentences_count", fr)] == 4
     assert page[("nmt_decode_steps_total", fr)] == 4
@@ -44,7 +41,7 @@ def test_buffered_steps_are_all_in_the_next_scrape_and_the_gauges_hold_the_lates
 
 def test_reading_one_sample_also_sees_the_buffered_steps():
     metrics = Metrics()
-    metrics.observe_step(("fr-en", ""), 4, 4, 100, 0, 0.002)
+    metrics.observe_step(("fr-en", ""), 4, 4, 0, 0.002)
     count = metrics.registry.get_sample_value(
         "nmt_decode_steps_total", {"model": "fr-en", "version": ""}
     )
@@ -55,7 +52,7 @@ def test_without_scrapes_the_buffer_stays_bounded_and_no_step_is_lost():
     metrics = Metrics()
     total = 10 * STEP_BUFFER + 3
     for _ in range(total):
-        metrics.observe_step(("fr-en", ""), 1, 1, 10, 1, 0.001)
+        metrics.observe_step(("fr-en", ""), 1, 1, 1, 0.001)
     assert len(metrics._steps) < STEP_BUFFER  # the worker put them in itself
     assert (
         scraped(metrics)[("nmt_decode_steps_total", (("model", "fr-en"), ("version", "")))] == total
