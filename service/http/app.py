@@ -44,7 +44,7 @@ from service.serving.registry import ModelRegistry, RepositoryWatch
 from service.serving.requests import TranslationService
 from service.serving.settings import Settings
 from service.serving.tracing import Tracing
-from service.store import Store, StoreError, database_url, open_store, shown
+from service.store import Store, StoreError, StoreUnavailable, database_url, open_store, shown
 
 log = logging.getLogger("nmt.app")
 
@@ -160,6 +160,7 @@ def create_app(
         },
     )
     app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(StoreUnavailable, _store_unavailable)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     if tracing.provider is not None:
@@ -250,6 +251,17 @@ async def _service_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, ServiceError)
     request.state.error = str(error)
     return routes.NATIVE.error_for(error, request).response()
+
+
+async def _store_unavailable(request: Request, error: Exception) -> Response:
+    """The database did not answer (down, unreachable, locked past its timeout) where a route
+    needed it (a glossary to translate with, a document's job): a 503 the client may retry,
+    in the path's dialect. The driver's reason is logged for the operator, not sent."""
+    log.warning("the store is unavailable: %s", error)
+    refusal = HTTPException(
+        503, "The database did not answer; retry later.", headers={"Retry-After": "1"}
+    )
+    return await _http_error(request, refusal)
 
 
 async def _validation_error(request: Request, error: Exception) -> JSONResponse:

@@ -123,3 +123,55 @@ def test_the_gauge_is_nan_while_the_database_fails_or_hangs(
     release.set()
     time.sleep(0.1)
     assert glossaries_gauge(metrics.render().decode()) == 7
+
+
+def test_a_database_gone_away_is_a_503_to_retry_on_every_route_that_needs_it(
+    postgres_server, model_dir: Path
+) -> None:
+    """Its database dropped under a running server (as if PostgreSQL were down): translating
+    with a stored glossary, and a document's upload, status and result, answer 503 with
+    Retry-After in each dialect, not a 500; translating without the store still works."""
+    from tests.http.in_process import start
+
+    url = postgres_server.create_database()
+    client = start(settings_for(url, model_dir=model_dir, threads=1, warmup=False))
+    try:
+        created = client.post(
+            "/v2/glossaries",
+            json={
+                "name": "g",
+                "source_lang": "fr",
+                "target_lang": "en",
+                "entries": "chien\thound",
+                "entries_format": "tsv",
+            },
+        )
+        assert created.status_code == 201, created.text
+        glossary = created.json()["glossary_id"]
+        upload = client.post(
+            "/v2/document",
+            data={"target_lang": "EN-US", "source_lang": "FR"},
+            files={"file": ("a.txt", b"Un chien dort.")},
+        ).json()
+        postgres_server.drop_database(url.rsplit("/", 1)[1])
+        text = {"text": "Un chien dort.", "source_lang": "fr", "target_lang": "en"}
+        deepl = {"text": ["Un chien dort."], "source_lang": "FR", "target_lang": "EN"}
+        deepl["glossary_id"] = glossary
+        answers = {
+            "native": client.post("/v1/translate", json={**text, "glossary_id": glossary}),
+            "deepl": client.post("/v2/translate", json=deepl),
+            "upload": client.post(
+                "/v2/document",
+                data={"target_lang": "EN-US", "source_lang": "FR"},
+                files={"file": ("b.txt", b"Un chat dort.")},
+            ),
+            "status": client.post(f"/v2/document/{upload['document_id']}", json=upload),
+            "result": client.post(f"/v2/document/{upload['document_id']}/result", json=upload),
+        }
+        for name, answer in answers.items():
+            assert answer.status_code == 503, (name, answer.text)
+            assert answer.headers["retry-after"] == "1", name
+            assert "retry later" in answer.text, name
+        assert client.post("/v1/translate", json=text).status_code == 200
+    finally:
+        client.__exit__(None, None, None)
