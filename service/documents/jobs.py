@@ -5,7 +5,8 @@ One worker per NMT_DOCUMENT_WORKERS runs on the server's event loop. It claims t
 (service/store/documents.py: a lease), reads the file again, and queues its sentences a chunk
 at a time (NMT_DOCUMENT_CHUNK_SENTENCES) as background work: the decoding loop takes them only
 into the room interactive requests leave (service/serving/queue.py). Each chunk's translations
-are kept in the store as it finishes, with the lease renewed; a worker that takes over a job
+are kept in the store as it finishes, with the lease renewed (and renewed while a chunk runs,
+every third of the lease: one long paragraph is one chunk); a worker that takes over a job
 whose worker died starts after the last chunk kept. When all are done the file is written and
 stored; a file that cannot be translated ends the job in `error` with the reason.
 
@@ -26,7 +27,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from service.documents import markup
@@ -275,14 +276,15 @@ class DocumentJobs:
         lease = self.settings.document_lease_seconds
         for first, last in _chunks(documents, len(done), self.settings.document_chunk_sentences):
             started = time.monotonic()
-            result = await markup.translate(
-                self.service,
-                model,
-                documents[first:last],
-                options,
-                terminology=terminology,
-                background=True,
-            )
+            async with self._lease_kept(job, worker):
+                result = await markup.translate(
+                    self.service,
+                    model,
+                    documents[first:last],
+                    options,
+                    terminology=terminology,
+                    background=True,
+                )
             characters = sum(sizes[first:last])
             self.throughput.observe(characters, time.monotonic() - started)
             remaining = self.throughput.seconds_for(sum(sizes[last:]))
@@ -304,6 +306,30 @@ class DocumentJobs:
         if await asyncio.to_thread(self.store.documents.finish, job.document_id, worker, data):
             self._observe(job, "done")
         log.info("document done", extra={"document_id": job.document_id, "bytes": len(data)})
+
+    @contextlib.asynccontextmanager
+    async def _lease_kept(self, job: ClaimedDocument, worker: str) -> AsyncIterator[None]:
+        """The job's lease renewed every third of its length while the block runs: a chunk
+        that takes longer than the lease (a long paragraph, or documents starved by
+        interactive requests) is not claimed by another worker meanwhile, translated twice,
+        and counted as a failed attempt."""
+        lease = self.settings.document_lease_seconds
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(lease / 3)
+                with contextlib.suppress(Exception):  # (the store away: the next try, or the end)
+                    await asyncio.to_thread(
+                        self.store.documents.renew, job.document_id, worker, lease
+                    )
+
+        renewing = asyncio.create_task(renew())
+        try:
+            yield
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
 
     async def _terminology(self, job: ClaimedDocument) -> Terminology | None:
         if not job.glossary_id:

@@ -5,6 +5,7 @@ job whose server cannot translate it now (a real store; the model's side stands 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,27 @@ def test_a_job_the_server_cannot_translate_now_goes_back_to_the_queue(
     asyncio.run(jobs._translate_held("w", job))
     assert store.documents.status(document_id, key).status == "queued"
     assert (document_id in jobs._waiting) == passed_over
+
+
+def test_a_chunk_longer_than_the_lease_keeps_its_job(tmp_path: Path):
+    """The lease is renewed while a chunk runs (here: a 2.5 s wait under a 1 s lease, renewed
+    every third of a second), so no other worker claims the job meanwhile; once the chunk is
+    over, renewing stops."""
+    settings = Settings(
+        database_url=SecretStr(f"sqlite:///{tmp_path / 'nmt.db'}"), document_lease_seconds=1.0
+    )
+    store = open_store(settings)
+    document = NewDocument("", "a.txt", "txt", "fr", "en", None, {}, 1, 13, b"Un chat dort.")
+    store.documents.create(document, 3600)
+    jobs = DocumentJobs(settings, _Unavailable(ShuttingDown()), store)  # type: ignore[arg-type]
+    job = store.documents.claim("w", lease_seconds=1.0)
+
+    async def chunk() -> None:
+        async with jobs._lease_kept(job, "w"):
+            await asyncio.sleep(2.5)
+            assert await asyncio.to_thread(store.documents.claim, "other", 1.0) is None
+
+    asyncio.run(chunk())
+    time.sleep(1.5)  # past the last renewal's lease: the job is claimable again
+    taken = store.documents.claim("other", lease_seconds=30)
+    assert taken is not None and taken.document_id == job.document_id
