@@ -149,14 +149,12 @@ def create_app(
         # A glossary's entries may be NMT_MAX_GLOSSARY_BYTES on top of an ordinary body.
         # A document may be NMT_MAX_DOCUMENT_BYTES (and its form's fields).
         larger_bodies={
-            **{
-                prefix: settings.max_body_bytes + settings.max_glossary_bytes
-                for prefix in glossaries.PREFIXES
-            },
-            **{
-                path: settings.max_body_bytes + settings.max_document_bytes
-                for path in documents_api.UPLOADS
-            },
+            prefix: settings.max_body_bytes + settings.max_glossary_bytes
+            for prefix in glossaries.PREFIXES
+        },
+        uploads={
+            path: settings.max_body_bytes + settings.max_document_bytes
+            for path in documents_api.UPLOADS
         },
     )
     app.add_exception_handler(ServiceError, _service_error)

@@ -82,6 +82,7 @@ class RequestContextMiddleware:
         retry_after: int = 1,
         cors_origins: list[str] | None = None,
         larger_bodies: Mapping[str, int] | None = None,
+        uploads: Mapping[str, int] | None = None,
     ) -> None:
         self.app = app
         # The CORS middleware runs inside this one (so that its preflights get the request id
@@ -93,6 +94,9 @@ class RequestContextMiddleware:
         # Paths (by prefix) whose bodies may be larger: glossary uploads carry up to
         # NMT_MAX_GLOSSARY_BYTES of entries.
         self.larger_bodies = dict(larger_bodies or {})
+        # Paths (exactly: not their sub-paths, such as a document's status) whose bodies may
+        # carry a file of up to NMT_MAX_DOCUMENT_BYTES.
+        self.uploads = dict(uploads or {})
         self.max_in_flight = max_in_flight
         self.body_timeout = body_timeout
         self.retry_after = retry_after
@@ -173,6 +177,8 @@ class RequestContextMiddleware:
 
     def body_limit(self, path: str) -> int:
         """The largest body a request to `path` may send."""
+        if path in self.uploads:
+            return max(self.uploads[path], self.max_body_bytes)
         for prefix, limit in self.larger_bodies.items():
             if path == prefix or path.startswith(prefix + "/"):
                 return max(limit, self.max_body_bytes)

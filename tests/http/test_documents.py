@@ -389,3 +389,19 @@ def test_a_document_whose_model_is_unloaded_waits_for_it_and_loses_nothing(
             assert result.text.split("\n\n") == expected
     finally:
         client.__exit__(None, None, None)
+
+
+def test_a_status_poll_has_an_ordinary_body_limit_not_the_uploads(idle: TestClient):
+    """Only the upload itself may carry a file's bytes: a poll of its status or result with
+    a body past NMT_MAX_BODY_BYTES is a 413 (it used to take the upload's limit, and its
+    JSON, megabytes of it, was parsed on the event loop)."""
+    handle = deepl_upload(idle, "a.txt", b"Un chat dort.").json()
+    big = b'{"document_key": "' + b"x" * Settings().max_body_bytes + b'"}'
+    headers = {"content-type": "application/json"}
+    for path in (
+        f"/v2/document/{handle['document_id']}",
+        f"/v2/document/{handle['document_id']}/result",
+    ):
+        answer = idle.post(path, content=big, headers=headers)
+        assert answer.status_code == 413, (path, answer.text)
+    assert idle.post(f"/v2/document/{handle['document_id']}", json=handle).status_code == 200
