@@ -502,9 +502,13 @@ def _prepare(
     split: SplitMode = "sentences",
     terminology: Terminology | None = None,
 ) -> _Prepared:
-    splits = [split_text(clean_text(text, index), split) for index, text in enumerate(texts)]
-    if (count := sum(len(split.sentences) for split in splits)) > max_sentences:
-        raise RequestTooLarge(count, max_sentences)  # before any tokenizing
+    splits: list[SplitText] = []
+    count = 0
+    for index, text in enumerate(texts):
+        splits.append(split_text(clean_text(text, index), split))
+        count += len(splits[-1].sentences)
+        if count > max_sentences:  # before any tokenizing, and the texts after it unsplit
+            raise RequestTooLarge(count, max_sentences, at_least=index + 1 < len(texts))
     sentences: list[str] = []
     owners: list[int] = []
     slots: list[list[int | None]] = []

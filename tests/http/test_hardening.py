@@ -273,6 +273,15 @@ def test_more_sentences_than_a_request_may_hold_is_413(client: TestClient):
     )
     assert response.status_code == 413, response.text
     assert "NMT_MAX_SENTENCES_PER_REQUEST" in response.json()["detail"]
+    assert "has 5 sentences" in response.json()["detail"]
+    # Past the limit at the first of three texts: the two after it are not even split.
+    response = client.post(
+        "/v1/translate",
+        json={**NATIVE, "text": [text, "Un chat.", "Un chien."]},
+        headers={"x-api-key": "k-alpha"},
+    )
+    assert response.status_code == 413, response.text
+    assert "has at least 5 sentences" in response.json()["detail"]
 
 
 def test_the_page_allows_exactly_its_own_inline_script(client: TestClient):
