@@ -296,7 +296,9 @@ async def read_body(
         return data
     if content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
         try:
-            return await request.form()
+            # A field may be as large as the whole body, which the middleware bounded already
+            # (a glossary's entries: NMT_MAX_GLOSSARY_BYTES); Starlette's cap is 1 MiB a part.
+            return await request.form(max_part_size=len(await request.body()) + 1)
         except HTTPException as failure:  # Starlette's 400 for a form it cannot read
             raise error(400, wording.unreadable_form.format(detail=failure.detail)) from None
     return None

@@ -484,3 +484,23 @@ def test_the_entry_limit_names_the_line_one_too_many():
 def test_a_lone_surrogate_is_refused():
     with pytest.raises(InvalidEntries, match="surrogate"):
         read_entries("a\ud800\tb", "tsv", "fr", "en", LIMITS)
+
+
+def test_a_form_glossary_may_be_as_large_as_a_json_one(fr_en_bundle: Path, logs: Path, tmp_path):
+    """A form's field is not capped at Starlette's 1 MiB a part: entries up to
+    NMT_MAX_GLOSSARY_BYTES come in a form as in JSON (here 1.6 MB of them)."""
+    entries = "".join(f"mot{n}\tword{n}\n" for n in range(100_000))
+    assert len(entries.encode()) > 1 << 20
+    with running_server(
+        fr_en_bundle,
+        logs,
+        threads=1,
+        database_url=f"sqlite:///{tmp_path / 'glossaries.db'}",
+        max_glossary_bytes=2_000_000,
+        max_glossary_entries=200_000,
+    ) as big:
+        answer = call(
+            big, "POST", "/v2/glossaries", data=v2_body(entries, source_lang="fr", target_lang="en")
+        )
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["entry_count"] == 100_000
