@@ -38,7 +38,7 @@ from service.serving.errors import ModelUnavailable, ServiceError, ShuttingDown,
 from service.serving.requests import TranslationService
 from service.serving.settings import Settings
 from service.serving.terminology import Terminology
-from service.store import ClaimedDocument, DocumentStatus, NewDocument, Store
+from service.store import ClaimedDocument, DocumentStatus, NewDocument, Store, StoreUnavailable
 from service.store.glossaries import DictionaryNotFound, GlossaryNotFound
 
 log = logging.getLogger("nmt.documents")
@@ -234,6 +234,9 @@ class DocumentJobs:
         except ShuttingDown:  # the drain ran out with a chunk in the loop: the same
             log.info("document given back: the server stops", extra=_ids(job))
             await self._release(worker, job)
+        except StoreUnavailable as error:  # nothing to write its failure to, nor a failure
+            log.warning("document paused: the store is unavailable (%s)", error, extra=_ids(job))
+            await self._release(worker, job)  # (or, if that fails too, its lease runs out)
         except (UnknownPair, ModelUnavailable) as error:  # its model went away, for now
             log.info("document waits for its model", extra={**_ids(job), "reason": str(error)})
             self._waiting[job.document_id] = (job.source_lang, job.target_lang)

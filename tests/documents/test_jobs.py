@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pydantic import SecretStr
@@ -17,7 +18,7 @@ from service.documents.formats.base import DocumentFormat
 from service.documents.jobs import DocumentJobs, Throughput, _chunks
 from service.serving.errors import ModelUnavailable, ServiceError, ShuttingDown, UnknownPair
 from service.serving.settings import Settings
-from service.store import NewDocument, open_store
+from service.store import NewDocument, StoreUnavailable, open_store
 
 LAYOUT = markup.MarkupOptions(kind="xml", split="no_newlines", outline_detection=False)
 
@@ -131,3 +132,32 @@ def test_a_chunk_longer_than_the_lease_keeps_its_job(tmp_path: Path):
     time.sleep(1.5)  # past the last renewal's lease: the job is claimable again
     taken = store.documents.claim("other", lease_seconds=30)
     assert taken is not None and taken.document_id == job.document_id
+
+
+class _Served:
+    """The translation service's side of a server that serves the pair."""
+
+    metrics = None
+
+    def model_for(self, source_lang: str, target_lang: str) -> object:
+        return SimpleNamespace(first_token=None)
+
+
+def test_a_job_whose_store_stops_answering_is_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The store failing mid-job (here: reading the job's glossary) is the server's trouble,
+    not the document's: the job goes back to the queue, not to `error`."""
+    settings = Settings(database_url=SecretStr(f"sqlite:///{tmp_path / 'nmt.db'}"))
+    store = open_store(settings)
+    document = NewDocument("", "a.txt", "txt", "fr", "en", "g1", {}, 1, 13, b"Un chat dort.")
+    document_id, key = store.documents.create(document, 3600)
+
+    def unavailable(*args: object) -> None:
+        raise StoreUnavailable("the database is unavailable: gone")
+
+    monkeypatch.setattr(store.glossaries, "dictionary", unavailable)
+    jobs = DocumentJobs(settings, _Served(), store)  # type: ignore[arg-type]
+    job = store.documents.claim("w", lease_seconds=30)
+    asyncio.run(jobs._translate_held("w", job))
+    assert store.documents.status(document_id, key).status == "queued"
