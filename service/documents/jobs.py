@@ -189,8 +189,10 @@ class DocumentJobs:
                 if polls % EXPIRE_EVERY_POLLS == 0:
                     await asyncio.to_thread(self.store.documents.expire)
                 polls += 1
+                # (Each pair asked once: many jobs may wait for one model.)
+                served = {pair: self._serves(*pair) for pair in set(self._waiting.values())}
                 waiting = self._waiting.items()
-                self._waiting = {job: pair for job, pair in waiting if not self._serves(*pair)}
+                self._waiting = {job: pair for job, pair in waiting if not served[pair]}
                 job = await asyncio.to_thread(
                     self.store.documents.claim,
                     worker,

@@ -129,7 +129,7 @@ def test_a_chunk_longer_than_the_lease_keeps_its_job(tmp_path: Path):
             assert await asyncio.to_thread(store.documents.claim, "other", 1.0) is None
 
     asyncio.run(chunk())
-    time.sleep(1.5)  # past the last renewal's lease: the job is claimable again
+    time.sleep(2.5)  # past the last renewal's lease: the job is claimable again
     taken = store.documents.claim("other", lease_seconds=30)
     assert taken is not None and taken.document_id == job.document_id
 
