@@ -133,7 +133,7 @@ class DocumentJobs:
             characters=upload.characters,
             data=data,
         )
-        document_id, key = await asyncio.to_thread(
+        document_id, key = await self.store.threads.run(
             self.store.documents.create, document, self.settings.document_result_ttl_seconds
         )
         log.info(
@@ -148,10 +148,10 @@ class DocumentJobs:
         return Submitted(document_id, key, upload, source)
 
     async def status(self, document_id: str, key: str) -> DocumentStatus:
-        return await asyncio.to_thread(self.store.documents.status, document_id, key)
+        return await self.store.threads.run(self.store.documents.status, document_id, key)
 
     async def result(self, document_id: str, key: str, once: bool) -> tuple[str, bytes]:
-        return await asyncio.to_thread(self.store.documents.result, document_id, key, once)
+        return await self.store.threads.run(self.store.documents.result, document_id, key, once)
 
     async def wait(self, document_id: str, key: str, timeout: float) -> DocumentStatus:
         """Poll until the job is done or failed (LibreTranslate's /translate_file answers when
@@ -187,13 +187,13 @@ class DocumentJobs:
                 continue
             try:
                 if polls % EXPIRE_EVERY_POLLS == 0:
-                    await asyncio.to_thread(self.store.documents.expire)
+                    await self.store.threads.run_unbounded(self.store.documents.expire)
                 polls += 1
                 # (Each pair asked once: many jobs may wait for one model.)
                 served = {pair: self._serves(*pair) for pair in set(self._waiting.values())}
                 waiting = self._waiting.items()
                 self._waiting = {job: pair for job, pair in waiting if not served[pair]}
-                job = await asyncio.to_thread(
+                job = await self.store.threads.run_unbounded(
                     self.store.documents.claim,
                     worker,
                     self.settings.document_lease_seconds,
@@ -224,7 +224,7 @@ class DocumentJobs:
         """The job back to the queue, its chunks kept, for whoever claims it next."""
         with contextlib.suppress(Exception):
             await asyncio.shield(
-                asyncio.to_thread(self.store.documents.release, job.document_id, worker)
+                self.store.threads.run(self.store.documents.release, job.document_id, worker)
             )
 
     async def _translate_held(self, worker: str, job: ClaimedDocument) -> None:
@@ -253,7 +253,7 @@ class DocumentJobs:
     async def _fail(self, worker: str, job: ClaimedDocument, reason: str) -> None:
         log.info("document failed", extra={"document_id": job.document_id, "reason": reason})
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.store.documents.fail, job.document_id, worker, reason)
+            await self.store.threads.run(self.store.documents.fail, job.document_id, worker, reason)
         self._observe(job, "error")
 
     def _observe(self, job: ClaimedDocument, outcome: str) -> None:
@@ -293,7 +293,7 @@ class DocumentJobs:
             characters = sum(sizes[first:last])
             self.throughput.observe(characters, time.monotonic() - started)
             remaining = self.throughput.seconds_for(sum(sizes[last:]))
-            kept = await asyncio.to_thread(
+            kept = await self.store.threads.run_unbounded(
                 self.store.documents.save_chunk,
                 job.document_id,
                 worker,
@@ -308,7 +308,9 @@ class DocumentJobs:
             done += result.texts
         extracted.target_language = job.target_lang
         data = await asyncio.to_thread(extracted.write, done)
-        if await asyncio.to_thread(self.store.documents.finish, job.document_id, worker, data):
+        if await self.store.threads.run_unbounded(
+            self.store.documents.finish, job.document_id, worker, data
+        ):
             self._observe(job, "done")
         log.info("document done", extra={"document_id": job.document_id, "bytes": len(data)})
 
@@ -324,7 +326,7 @@ class DocumentJobs:
             while True:
                 await asyncio.sleep(lease / 3)
                 with contextlib.suppress(Exception):  # (the store away: the next try, or the end)
-                    await asyncio.to_thread(
+                    await self.store.threads.run(
                         self.store.documents.renew, job.document_id, worker, lease
                     )
 
@@ -340,7 +342,7 @@ class DocumentJobs:
         if not job.glossary_id:
             return None
         try:
-            dictionary = await asyncio.to_thread(
+            dictionary = await self.store.threads.run_unbounded(
                 self.store.glossaries.dictionary,
                 job.owner,
                 job.glossary_id,

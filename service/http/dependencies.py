@@ -29,8 +29,8 @@ async def metrics(request: Request) -> Metrics:
 
 async def get_store(request: Request) -> Store:
     """The app's store (opened by the lifespan before the first request). Its methods are
-    synchronous and wait on the database: call them from a plain `def` route (FastAPI runs it
-    in its thread pool) or `run_in_threadpool`, never on the event loop itself."""
+    synchronous and wait on the database: run them on its threads (`store.threads.run`), never
+    on the event loop itself nor in the thread pool that translations use."""
     return request.app.state.store
 
 

@@ -24,7 +24,6 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from service.http.deepl import DEEPL, DEEPL_ERRORS, DeepLError
 from service.http.dependencies import ApiKeysDep, ServiceDep, StoreDep
@@ -57,6 +56,7 @@ from service.store.glossaries import (
     GlossaryStore,
     InvalidDictionary,
 )
+from service.store.threads import StoreThreads
 
 log = logging.getLogger("nmt.glossaries")
 
@@ -233,7 +233,7 @@ def build_router(settings: Settings) -> APIRouter:
             name = _name(fields, settings, required=True)
             assert name is not None
             (dictionary,) = await dictionaries_of(service, [_dictionary_request(fields)])
-            info = await _stored(store.create, owner, name, [dictionary])
+            info = await _stored(store.threads, store.create, owner, name, [dictionary])
             return JSONResponse(_v2_view(info), 201)
 
         return await answer(request, keys, respond)
@@ -241,7 +241,7 @@ def build_router(settings: Settings) -> APIRouter:
     @route("/v2/glossaries", "GET", 200, "List glossaries (DeepL v2)", (403,))
     async def list_v2(request: Request, keys: ApiKeysDep, store: GlossariesDep) -> Response:
         async def respond(fields: dict[str, Any], owner: str) -> Response:
-            found = await _stored(store.list, owner)
+            found = await _stored(store.threads, store.list, owner)
             # v2 speaks of one language pair: a glossary of several (or none) is v3's.
             views = [_v2_view(info) for info in found if len(info.dictionaries) == 1]
             return JSONResponse({"glossaries": views})
@@ -259,7 +259,7 @@ def build_router(settings: Settings) -> APIRouter:
         request: Request, glossary_id: str, keys: ApiKeysDep, store: GlossariesDep
     ) -> Response:
         async def respond(fields: dict[str, Any], owner: str) -> Response:
-            info = await _stored(store.info, owner, glossary_id)
+            info = await _stored(store.threads, store.info, owner, glossary_id)
             _one_pair(info)
             return JSONResponse(_v2_view(info))
 
@@ -279,7 +279,9 @@ def build_router(settings: Settings) -> APIRouter:
         async def respond(fields: dict[str, Any], owner: str) -> Response:
             if not _accepts_tsv(request.headers.get("accept")):
                 raise DeepLError(415, f"No supported media type in the Accept header: {TSV}")
-            found = await _stored(store.dictionaries, owner, glossary_id)  # one transaction
+            found = await _stored(
+                store.threads, store.dictionaries, owner, glossary_id
+            )  # one transaction
             if len(found) != 1:
                 raise _not_one_pair(glossary_id, len(found))
             return _tsv_response(found[0].entries)
@@ -291,7 +293,7 @@ def build_router(settings: Settings) -> APIRouter:
         request: Request, glossary_id: str, keys: ApiKeysDep, store: GlossariesDep
     ) -> Response:
         async def respond(fields: dict[str, Any], owner: str) -> Response:
-            await _stored(store.delete, owner, glossary_id)
+            await _stored(store.threads, store.delete, owner, glossary_id)
             return Response(status_code=204)
 
         return await answer(request, keys, respond)
@@ -321,7 +323,7 @@ def build_router(settings: Settings) -> APIRouter:
             assert name is not None
             requested = _dictionary_list(fields, required=True)
             dictionaries = await dictionaries_of(service, requested)
-            info = await _stored(store.create, owner, name, dictionaries)
+            info = await _stored(store.threads, store.create, owner, name, dictionaries)
             return JSONResponse(_v3_view(info), 201)
 
         return await answer(request, keys, respond)
@@ -329,7 +331,7 @@ def build_router(settings: Settings) -> APIRouter:
     @route("/v3/glossaries", "GET", 200, "List glossaries (DeepL v3)", (403,))
     async def list_v3(request: Request, keys: ApiKeysDep, store: GlossariesDep) -> Response:
         async def respond(fields: dict[str, Any], owner: str) -> Response:
-            found = await _stored(store.list, owner)
+            found = await _stored(store.threads, store.list, owner)
             return JSONResponse({"glossaries": [_v3_view(info) for info in found]})
 
         return await answer(request, keys, respond)
@@ -341,7 +343,9 @@ def build_router(settings: Settings) -> APIRouter:
         request: Request, glossary_id: str, keys: ApiKeysDep, store: GlossariesDep
     ) -> Response:
         async def respond(fields: dict[str, Any], owner: str) -> Response:
-            return JSONResponse(_v3_view(await _stored(store.info, owner, glossary_id)))
+            return JSONResponse(
+                _v3_view(await _stored(store.threads, store.info, owner, glossary_id))
+            )
 
         return await answer(request, keys, respond)
 
@@ -367,13 +371,17 @@ def build_router(settings: Settings) -> APIRouter:
                     400, "Value for 'dictionaries' not supported: a PATCH edits one dictionary."
                 )
             merged = (await dictionaries_of(service, requested))[0] if requested else None
-            info = await _stored(store.info, owner, glossary_id)  # 404 before any write
+            info = await _stored(
+                store.threads, store.info, owner, glossary_id
+            )  # 404 before any write
             if merged is not None:
                 await _within_entry_limit(store, owner, glossary_id, merged, limits)
             if name is not None:
-                info = await _stored(store.rename, owner, glossary_id, name)
+                info = await _stored(store.threads, store.rename, owner, glossary_id, name)
             if merged is not None:
-                info = await _stored(store.merge_dictionary, owner, glossary_id, merged)
+                info = await _stored(
+                    store.threads, store.merge_dictionary, owner, glossary_id, merged
+                )
             return JSONResponse(_v3_view(info))
 
         return await answer(request, keys, respond)
@@ -385,7 +393,7 @@ def build_router(settings: Settings) -> APIRouter:
         request: Request, glossary_id: str, keys: ApiKeysDep, store: GlossariesDep
     ) -> Response:
         async def respond(fields: dict[str, Any], owner: str) -> Response:
-            await _stored(store.delete, owner, glossary_id)
+            await _stored(store.threads, store.delete, owner, glossary_id)
             return Response(status_code=204)
 
         return await answer(request, keys, respond)
@@ -402,7 +410,9 @@ def build_router(settings: Settings) -> APIRouter:
     ) -> Response:
         async def respond(fields: dict[str, Any], owner: str) -> Response:
             source, target = _language(fields, "source_lang"), _language(fields, "target_lang")
-            found = await _stored(store.dictionary, owner, glossary_id, source, target)
+            found = await _stored(
+                store.threads, store.dictionary, owner, glossary_id, source, target
+            )
             body = {
                 "source_lang": found.source_lang,
                 "target_lang": found.target_lang,
@@ -429,7 +439,9 @@ def build_router(settings: Settings) -> APIRouter:
     ) -> Response:
         async def respond(fields: dict[str, Any], owner: str) -> Response:
             (dictionary,) = await dictionaries_of(service, [_dictionary_request(fields)])
-            info = await _stored(store.replace_dictionary, owner, glossary_id, dictionary)
+            info = await _stored(
+                store.threads, store.replace_dictionary, owner, glossary_id, dictionary
+            )
             return JSONResponse(
                 _dictionary_view(_pair_of(info, dictionary.source_lang, dictionary.target_lang))
             )
@@ -448,7 +460,9 @@ def build_router(settings: Settings) -> APIRouter:
     ) -> Response:
         async def respond(fields: dict[str, Any], owner: str) -> Response:
             source, target = _language(fields, "source_lang"), _language(fields, "target_lang")
-            await _stored(store.delete_dictionary, owner, glossary_id, source, target)
+            await _stored(
+                store.threads, store.delete_dictionary, owner, glossary_id, source, target
+            )
             return Response(status_code=204)
 
         return await answer(request, keys, respond)
@@ -598,7 +612,13 @@ async def _within_entry_limit(
     """A PATCH merges entries into a dictionary: the result too within
     NMT_MAX_GLOSSARY_ENTRIES, refused (413) before anything is written."""
     current = await _stored(
-        _sources_of, store, owner, glossary_id, merged.source_lang, merged.target_lang
+        store.threads,
+        _sources_of,
+        store,
+        owner,
+        glossary_id,
+        merged.source_lang,
+        merged.target_lang,
     )
     count = len(current | {source for source, _ in merged.entries})
     if count > limits.max_entries:
@@ -623,10 +643,11 @@ def _sources_of(
 # --- the store -------------------------------------------------------------------------------
 
 
-async def _stored(call: Callable[..., T], *args: Any) -> T:
-    """A store call on a worker thread (it is synchronous), its refusals as DeepL says them."""
+async def _stored(threads: StoreThreads, call: Callable[..., T], *args: Any) -> T:
+    """A store call on the store's threads (it is synchronous), its refusals as DeepL says
+    them."""
     try:
-        return await run_in_threadpool(call, *args)
+        return await threads.run(call, *args)
     except GlossaryNotFound:
         raise DeepLError(404, NOT_FOUND) from None
     except DictionaryNotFound:

@@ -31,11 +31,11 @@ async def terminology_of(
     target_lang: str,
     error: Callable[[int, str], Exception],
 ) -> Terminology:
-    """The terms of glossary `glossary_id`'s dictionary for the pair, read off the event loop,
-    ready to be found in text; `error(status, message)` makes the dialect's error for an
+    """The terms of glossary `glossary_id`'s dictionary for the pair, read on the store's
+    threads, ready to be found in text; `error(status, message)` makes the dialect's error for an
     unknown glossary (404, also another key's) or a glossary without that pair (400)."""
     try:
-        dictionary = await run_in_threadpool(
+        dictionary = await glossaries.threads.run(
             glossaries.dictionary, owner, glossary_id, source_lang, target_lang
         )
     except GlossaryNotFound:

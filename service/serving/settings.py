@@ -152,6 +152,12 @@ class Settings(BaseSettings):
         "sqlite:/// + NMT_STATE_DIR/nmt.db (one server); postgresql+psycopg://USER:PASSWORD@"
         "HOST:PORT/DATABASE for replicas that share it. Never logged with its password",
     )
+    database_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="how long a request waits for the database (glossaries, documents); past "
+        "it, 503 with Retry-After, and translations that need no database go on meanwhile",
+    )
     database_migrate: bool = Field(
         True,
         description="bring the database's schema up to date at start; false: refuse to start "

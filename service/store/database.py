@@ -34,7 +34,9 @@ from sqlalchemy.pool import StaticPool
 
 from service.serving.settings import Settings
 from service.store.documents import DocumentStore
+from service.store.errors import StoreError, StoreUnavailable
 from service.store.glossaries import GlossaryStore
+from service.store.threads import StoreThreads
 
 log = logging.getLogger("nmt.store")
 
@@ -46,16 +48,6 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 POSTGRES_CONNECT_TIMEOUT_S = 10
 # pg_advisory_xact_lock's key while migrating: one replica migrates, the others wait for it.
 MIGRATION_LOCK = 0x6E6D742D6462  # "nmt-db"
-
-
-class StoreError(Exception):
-    """The database cannot be used: a bad URL, a schema this server cannot work with."""
-
-
-class StoreUnavailable(StoreError):
-    """The database failed to serve (down, unreachable, locked past the busy timeout, out of
-    disk; the driver's OperationalError): a server-side failure, not something the client
-    sent, that a retry may get past."""
 
 
 def database_url(settings: Settings) -> URL:
@@ -252,15 +244,17 @@ def check_schema(database: Database) -> str:
 
 
 class Store:
-    """What the server keeps: glossaries and document jobs. Synchronous: call it from a
-    worker thread, not the event loop."""
+    """What the server keeps: glossaries and document jobs. Synchronous: the event loop calls
+    it on its threads (`threads.run`), never itself."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, threads: StoreThreads) -> None:
         self.database = database
-        self.glossaries = GlossaryStore(database)
+        self.threads = threads
+        self.glossaries = GlossaryStore(database, threads)
         self.documents = DocumentStore(database)
 
     def close(self) -> None:
+        self.threads.close()
         self.database.close()
 
 
@@ -277,4 +271,4 @@ def open_store(settings: Settings, migrate_schema: bool | None = None) -> Store:
         database.close()
         raise
     log.info("database open", extra={"database": database.shown_url, "revision": revision})
-    return Store(database)
+    return Store(database, StoreThreads(settings.database_timeout_seconds))

@@ -22,6 +22,7 @@ from service.store.schema import glossaries, glossary_dictionaries, glossary_ent
 
 if TYPE_CHECKING:
     from service.store.database import Database
+    from service.store.threads import StoreThreads
 
 # Changed entries go to the database this many rows per executemany (bounded memory).
 UPDATE_CHUNK = 10_000
@@ -91,8 +92,9 @@ class InvalidDictionary(InvalidGlossary):
 
 
 class GlossaryStore:
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, threads: StoreThreads) -> None:
         self._database = database
+        self.threads = threads  # where the event loop runs these methods
 
     # --- reads ---------------------------------------------------------------------------
 

@@ -175,3 +175,90 @@ def test_a_database_gone_away_is_a_503_to_retry_on_every_route_that_needs_it(
         assert client.post("/v1/translate", json=text).status_code == 200
     finally:
         client.__exit__(None, None, None)
+
+
+def test_a_database_that_hangs_holds_no_translation_and_its_requests_get_503_in_time(
+    postgres_server, model_dir: Path, tmp_path: Path
+) -> None:
+    """The tables locked by another session (as by a migration, or a frozen server): the
+    requests that need them (document status polls, translations with a stored glossary) get
+    a 503 after NMT_DATABASE_TIMEOUT_SECONDS instead of hanging, and a long translation that
+    needs no database, sent while a dozen of them wait, answers as usual: the store's calls
+    hold threads of their own, not those that prepare translations."""
+    import httpx
+    from sqlalchemy import create_engine, text
+
+    from tests.servers import running_server
+
+    url = postgres_server.create_database()
+    with running_server(
+        model_dir, tmp_path, database_url=url, database_timeout_seconds=2, threads=1
+    ) as server:
+        created = httpx.post(
+            f"{server.url}/v2/glossaries",
+            json={
+                "name": "g",
+                "source_lang": "fr",
+                "target_lang": "en",
+                "entries": "chien\thound",
+                "entries_format": "tsv",
+            },
+        )
+        assert created.status_code == 201, created.text
+        glossary = created.json()["glossary_id"]
+        upload = httpx.post(
+            f"{server.url}/v2/document",
+            data={"target_lang": "EN-US", "source_lang": "FR"},
+            files={"file": ("a.txt", b"Un chien dort.")},
+        ).json()
+        locker = create_engine(url).connect()
+        locker.execute(
+            text("LOCK TABLE document_jobs, glossaries IN ACCESS EXCLUSIVE MODE")
+        )  # held until the rollback below
+        try:
+            answers: dict[str, list] = {"store": [], "long": []}
+
+            def poll() -> None:
+                started = time.monotonic()
+                answer = httpx.post(
+                    f"{server.url}/v2/document/{upload['document_id']}", json=upload, timeout=60
+                )
+                answers["store"].append((answer.status_code, time.monotonic() - started))
+
+            def with_glossary() -> None:
+                started = time.monotonic()
+                body = {"text": ["Un chien."], "target_lang": "EN", "source_lang": "FR"}
+                answer = httpx.post(
+                    f"{server.url}/v2/translate",
+                    json={**body, "glossary_id": glossary},
+                    timeout=60,
+                )
+                answers["store"].append((answer.status_code, time.monotonic() - started))
+
+            waiting = [threading.Thread(target=poll) for _ in range(10)]
+            waiting += [threading.Thread(target=with_glossary) for _ in range(4)]
+            for thread in waiting:
+                thread.start()
+            time.sleep(0.5)  # every one of them waiting on the database
+            long_text = " ".join(["Un homme marche dans la rue."] * 120)  # past 2,000 characters
+            started = time.monotonic()
+            translated = httpx.post(
+                f"{server.url}/v1/translate",
+                json={"text": long_text, "source_lang": "fr", "target_lang": "en"},
+                timeout=60,
+            )
+            answers["long"].append((translated.status_code, time.monotonic() - started))
+            for thread in waiting:
+                thread.join(60)
+        finally:
+            locker.rollback()
+            locker.close()
+        assert translated.status_code == 200, translated.text
+        statuses = sorted(status for status, _ in answers["store"])
+        assert statuses == [503] * 14, answers
+        # Each waited about the timeout, not for ever (nor the client's 60 s).
+        assert max(seconds for _, seconds in answers["store"]) < 30, answers
+        # The translation did not wait for the database's timeouts to free threads.
+        assert answers["long"][0][1] < 30, answers
+        after = httpx.post(f"{server.url}/v2/document/{upload['document_id']}", json=upload)
+        assert after.status_code == 200, after.text
