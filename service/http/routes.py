@@ -27,6 +27,7 @@ from service.http.schemas import (
     Problem,
     TranslateRequestBase,
     TranslateResponse,
+    glossary_terms,
     translate_request_model,
 )
 from service.http.usage import account
@@ -127,7 +128,8 @@ def build_router(settings: Settings) -> APIRouter:
                 _glossary_error,
             )
         elif body.glossary is not None:
-            entries = [(term.source, term.target) for term in body.glossary]
+            terms = await off_loop(len(body.glossary), glossary_terms, body.glossary)
+            entries = [(term.source, term.target) for term in terms]
             terminology = await off_loop(len(entries), Terminology, entries)
         result = await service.translate(
             model,
