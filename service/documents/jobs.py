@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from service.documents import markup
+from service.documents.collection import collector_paused
 from service.documents.files import Upload, limits_of, read_upload, reopen
 from service.documents.formats import DocumentRefused, format_named
 from service.runtime.search import SearchOptions
@@ -114,7 +115,12 @@ class DocumentJobs:
         """Read and check the file (refused at once with DocumentRefused), find its source
         language if none was given, and store it as a queued job."""
         upload = await asyncio.to_thread(
-            read_upload, data, request.filename, request.output_format, self.limits
+            collector_paused,
+            read_upload,
+            data,
+            request.filename,
+            request.output_format,
+            self.limits,
         )
         source = request.source_lang
         if source is None:
@@ -261,9 +267,14 @@ class DocumentJobs:
             self.service.metrics.observe_document(job.format, outcome, job.characters)
 
     async def _translate(self, worker: str, job: ClaimedDocument) -> None:
-        extracted = await asyncio.to_thread(reopen, job.format, job.data, self.limits)
+        extracted = await asyncio.to_thread(
+            collector_paused, reopen, job.format, job.data, self.limits
+        )
         layout = format_named(job.format).markup
-        documents = await asyncio.to_thread(markup.read, extracted.segments, layout)
+        # Each segment's sentences and characters; each chunk lays its segments out again when
+        # it comes. The layouts of a whole long document are millions of objects (a 12 MB page:
+        # 1.9 million, hundreds of MB), which the cycle collector would walk, holding the GIL.
+        measures = await asyncio.to_thread(collector_paused, _measured, extracted.segments, layout)
         model = self.service.model_for(job.source_lang, job.target_lang)
         terminology = await self._terminology(job)
         # The first token is the model's for this pair (a multilingual model's target
@@ -277,15 +288,19 @@ class DocumentJobs:
                 "document taken over",
                 extra={"document_id": job.document_id, "resumed_at": len(done)},
             )
-        sizes = [len(document.plain_text) for document in documents]
+        sentences = [count for count, _ in measures]
+        sizes = [characters for _, characters in measures]
         lease = self.settings.document_lease_seconds
-        for first, last in _chunks(documents, len(done), self.settings.document_chunk_sentences):
+        for first, last in _chunks(sentences, len(done), self.settings.document_chunk_sentences):
             started = time.monotonic()
+            documents = await asyncio.to_thread(
+                collector_paused, markup.read, extracted.segments[first:last], layout
+            )
             async with self._lease_kept(job, worker):
                 result = await markup.translate(
                     self.service,
                     model,
-                    documents[first:last],
+                    documents,
                     options,
                     terminology=terminology,
                     background=True,
@@ -307,7 +322,7 @@ class DocumentJobs:
                 return
             done += result.texts
         extracted.target_language = job.target_lang
-        data = await asyncio.to_thread(extracted.write, done)
+        data = await asyncio.to_thread(collector_paused, extracted.write, done)
         if await self.store.threads.run_unbounded(
             self.store.documents.finish, job.document_id, worker, data
         ):
@@ -361,18 +376,26 @@ def _ids(job: ClaimedDocument) -> dict[str, str]:
     return {"document_id": job.document_id}
 
 
-def _chunks(
-    documents: Sequence[markup.Document], start: int, sentences: int
-) -> list[tuple[int, int]]:
-    """[first, last) segment ranges from `start` on, each holding about `sentences` model
-    sentences (a segment is never cut; one with more is a chunk of its own)."""
+def _measured(segments: list[str], layout: markup.MarkupOptions) -> list[tuple[int, int]]:
+    """Each segment's model sentences and plain-text characters, laid out one at a time."""
+    measures = []
+    for segment in segments:
+        (document,) = markup.read([segment], layout)
+        measures.append((len(document.model_sentences), len(document.plain_text)))
+    return measures
+
+
+def _chunks(sentences: Sequence[int], start: int, per_chunk: int) -> list[tuple[int, int]]:
+    """[first, last) segment ranges from `start` on, each holding about `per_chunk` model
+    sentences (`sentences`: each segment's; a segment is never cut, one with more is a chunk
+    of its own)."""
     ranges: list[tuple[int, int]] = []
     first, count = start, 0
-    for index in range(start, len(documents)):
-        count += len(documents[index].model_sentences)
-        if count >= sentences:
+    for index in range(start, len(sentences)):
+        count += sentences[index]
+        if count >= per_chunk:
             ranges.append((first, index + 1))
             first, count = index + 1, 0
-    if first < len(documents):
-        ranges.append((first, len(documents)))
+    if first < len(sentences):
+        ranges.append((first, len(sentences)))
     return ranges

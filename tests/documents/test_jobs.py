@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from service.documents import markup
 from service.documents.files import result_name
 from service.documents.formats.base import DocumentFormat
-from service.documents.jobs import DocumentJobs, Throughput, _chunks
+from service.documents.jobs import DocumentJobs, Throughput, _chunks, _measured
 from service.serving.errors import ModelUnavailable, ServiceError, ShuttingDown, UnknownPair
 from service.serving.settings import Settings
 from service.store import NewDocument, StoreUnavailable, open_store
@@ -23,19 +23,19 @@ from service.store import NewDocument, StoreUnavailable, open_store
 LAYOUT = markup.MarkupOptions(kind="xml", split="no_newlines", outline_detection=False)
 
 
-def documents(*segments: str) -> list[markup.Document]:
-    return markup.read(list(segments), LAYOUT)
-
-
 def test_chunks_hold_about_the_sentences_asked_and_never_cut_a_segment():
-    found = documents(
+    segments = [
         "Un chat dort.",  # 1 sentence
         "Un chien court. Il pleut. Le ciel est gris.",  # 3
         "12 345",  # none: no letters
         "Une femme lit.",  # 1
         "Deux enfants jouent. Ils rient.",  # 2
-    )
-    assert [len(d.model_sentences) for d in found] == [1, 3, 0, 1, 2]
+    ]
+    measures = _measured(segments, LAYOUT)
+    laid_out = markup.read(segments, LAYOUT)  # all at once, as the text API reads them
+    assert measures == [(len(d.model_sentences), len(d.plain_text)) for d in laid_out]
+    found = [sentences for sentences, _ in measures]
+    assert found == [1, 3, 0, 1, 2]
     assert _chunks(found, 0, 2) == [(0, 2), (2, 5)]
     assert _chunks(found, 0, 100) == [(0, 5)]
     assert _chunks(found, 2, 1) == [(2, 4), (4, 5)]  # resumed after segment 2

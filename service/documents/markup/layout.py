@@ -251,30 +251,10 @@ class _Layout:
     def run(self, nodes: list[Node]) -> Run:
         run = Run(nodes, "", [], [], [])
         parts: list[str] = []
-        length = 0
-
-        def walk(children: list[Node], parent: int | None) -> None:
-            nonlocal length
-            for node in children:
-                if isinstance(node, Text):
-                    parts.append(node.text)
-                    length += len(node.text)
-                elif isinstance(node, Element) and self._reads_as_prose(node):
-                    text = _plain(node)
-                    run.spans.append(Span(node, length, length + len(text), parent, opaque=True))
-                    parts.append(text)
-                    length += len(text)
-                elif isinstance(node, Element) and not node.closed_by_start and self.has_text(node):
-                    index = len(run.spans)
-                    run.spans.append(Span(node, length, length, parent))
-                    walk(node.children, index)
-                    run.spans[index].end = length
-                else:
-                    run.points.append(Point(verbatim(node), length, parent))
-                    if self._breaks_line(node):
-                        run.breaks.append(length)
-
-        walk(nodes, None)
+        # (A method, not a closure that calls itself: such a closure is a reference cycle,
+        # which would hold the run and its tree until the cycle collector runs instead of
+        # freeing them with their last reference: documents/collection.py.)
+        self._walk(run, nodes, None, parts, 0)
         run.text = "".join(parts)
         for span in run.spans:
             while span.start < span.end and run.text[span.start].isspace():
@@ -289,6 +269,31 @@ class _Layout:
             span.words = range(bisect_right(ends, span.start), bisect_left(starts, span.end))
         self.runs.append(run)
         return run
+
+    def _walk(
+        self, run: Run, children: list[Node], parent: int | None, parts: list[str], length: int
+    ) -> int:
+        """The run's spans and points under `parent` (a span's index), its text appended to
+        `parts`; `length`: the text's length so far, returned as it is after `children`."""
+        for node in children:
+            if isinstance(node, Text):
+                parts.append(node.text)
+                length += len(node.text)
+            elif isinstance(node, Element) and self._reads_as_prose(node):
+                text = _plain(node)
+                run.spans.append(Span(node, length, length + len(text), parent, opaque=True))
+                parts.append(text)
+                length += len(text)
+            elif isinstance(node, Element) and not node.closed_by_start and self.has_text(node):
+                index = len(run.spans)
+                run.spans.append(Span(node, length, length, parent))
+                length = self._walk(run, node.children, index, parts, length)
+                run.spans[index].end = length
+            else:
+                run.points.append(Point(verbatim(node), length, parent))
+                if self._breaks_line(node):
+                    run.breaks.append(length)
+        return length
 
     def _reads_as_prose(self, element: Element) -> bool:
         """Left untranslated by the client's choice (not code or a script), holding words."""

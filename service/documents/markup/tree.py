@@ -228,6 +228,17 @@ def _attributes(attrs: list[tuple[str, str | None]]) -> dict[str, str]:
     return {name: value or "" for name, value in attrs}
 
 
+_XML_HANDLERS = (
+    "StartElementHandler",
+    "EndElementHandler",
+    "CharacterDataHandler",
+    "CommentHandler",
+    "ProcessingInstructionHandler",
+    "StartCdataSectionHandler",
+    "EndCdataSectionHandler",
+)
+
+
 def _read_xml(source: str) -> Element:
     """The fragment read inside a root element of our own (XML allows one root; a fragment
     such as `Press <b>here</b>.` has none)."""
@@ -288,6 +299,12 @@ def _read_xml(source: str) -> Element:
         column = error.offset - (len(opening) if error.lineno == 1 else 0)
         reason = expat.errors.messages[error.code]
         raise MarkupError(f"{reason} (line {error.lineno}, column {column + 1})") from None
+    finally:
+        # The parser holds its handlers, whose closures hold the parser: a cycle that would
+        # keep the tree until the cycle collector runs, rather than free it with its last
+        # reference (documents/collection.py). Letting go of the handlers breaks it.
+        for handler in _XML_HANDLERS:
+            setattr(parser, handler, None)
     slicer.event(len(data), None)
     return root
 
