@@ -9,6 +9,7 @@ JSON and write its section of docs/reliability.md.
     .venv/bin/python -m bench.reliability setups --seconds 25   # threads and spinning compared
     .venv/bin/python -m bench.reliability markup-stall --before-tree /tmp/before  # /healthz
     .venv/bin/python -m bench.reliability amplification --before-tree /tmp/before  # alignment
+    .venv/bin/python -m bench.reliability body-stall --before-tree /tmp/before  # 1 MB, 12 MB
     .venv/bin/python -m bench.reliability deadlines --before-tree /tmp/before  # goodput, 1 s/5 s
     .venv/bin/python -m bench.reliability connections --before-tree /tmp/before  # idle, slow
     .venv/bin/python -m bench.reliability all --short   # the CI form, a few minutes
@@ -26,6 +27,7 @@ from typing import Any
 
 from bench.harness import BUNDLES, ROOT, ensure_bundle
 from bench.reliability import (
+    body_stall,
     connection_attacks,
     deadlines,
     fuzz,
@@ -49,6 +51,7 @@ MARKDOWN: dict[str, Callable[[dict[str, Any]], str]] = {
     "soak": soak.markdown,
     "setups": setups.markdown,
     **loop_stall.MARKDOWN,
+    **body_stall.MARKDOWN,
     "deadlines": deadlines.markdown,
     "connections": connection_attacks.markdown,
 }
@@ -93,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     compared = commands.add_parser("setups", help="overload against servers set up differently")
     compared.add_argument("--seconds", type=float, default=25.0)
     loop_stall.add_commands(commands)
+    body_stall.add_commands(commands)
     late = commands.add_parser("deadlines", help="goodput under 1 s and 5 s deadlines, compared")
     late.add_argument("--before-tree", type=Path, required=True, help="checkout to compare with")
     late.add_argument("--seconds", type=float, default=30.0)
@@ -119,6 +123,7 @@ RUNNERS: dict[str, Runner] = {
 # of `all`, which would write them with one column.
 COMPARED: dict[str, Runner] = {
     **loop_stall.RUNNERS,
+    **body_stall.RUNNERS,
     "deadlines": lambda m, w, a: deadlines.run_deadlines(m, w, a.before_tree, a.seconds),
     "connections": lambda m, w, a: connection_attacks.run_compared(m, w, a.before_tree),
 }
