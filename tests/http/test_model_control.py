@@ -177,3 +177,48 @@ def test_a_name_no_folder_can_have_is_an_unknown_model(client: TestClient, name:
         assert answer.status_code == 404, answer.text
         assert "fr-en" in answer.json()["detail"]  # the models there are
     assert translated_by(client) == ("fr-en", 1)
+
+
+def test_loads_waiting_on_each_other_hold_no_thread_a_translation_needs(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+):
+    """Twelve loads stuck at once (here: until released) used to take every thread of the
+    default pool, where a long text is split and prepared: the translation waited for them.
+    Loads run on threads of their own."""
+    import threading
+
+    release = threading.Event()
+    registry = client.app.state.service.registry
+    real_load = registry.load
+
+    def slow_load(name: str, version: int | None = None) -> None:
+        release.wait(60)
+        real_load(name, version)
+
+    monkeypatch.setattr(registry, "load", slow_load)
+    statuses: list[int] = []
+    loads = [
+        threading.Thread(
+            target=lambda: statuses.append(client.post("/v1/models/fr-en/load").status_code)
+        )
+        for _ in range(12)
+    ]
+    for thread in loads:
+        thread.start()
+    try:
+        answers = []
+        long_text = " ".join(["Un homme marche dans la rue."] * 80)  # past 2,000 characters
+        translating = threading.Thread(
+            target=lambda: answers.append(
+                client.post("/v1/translate", json={**NATIVE, "text": long_text})
+            )
+        )
+        translating.start()
+        translating.join(30)
+        assert answers and answers[0].status_code == 200, "the translation waited for the loads"
+        assert not release.is_set() and statuses == []  # every load still waiting
+    finally:
+        release.set()
+        for thread in loads:
+            thread.join(60)
+    assert statuses == [200] * 12
