@@ -4,6 +4,8 @@ prober); the longest probe is how long the loop was held.
 
 - three native requests of about 1 MB that break or stretch the schema: 250,000 empty lists as
   `text`, 60,000 unknown fields, an inline glossary of 22,000 terms (valid: a 200);
+- three bodies of about 10 MB for `/v2/glossaries`: 800,000 keys, and a real glossary of
+  100,000 entries as JSON and as a form;
 - a 12 MB HTML page of heavy markup (12,000 paragraphs, each with 40 empty spans) uploaded
   through DeepL's `/v2/document`, probed during the upload and the first 20 s of its
   translation (the worker reads it again and lays out its first chunks).
@@ -18,6 +20,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
@@ -34,6 +37,7 @@ from bench.reliability.traffic import JSON, french_sentence, idle_healthz
 TRANSLATING_SECONDS = 20.0
 PAGE_PARAGRAPHS = 12_000
 NATIVE = {"source_lang": "fr", "target_lang": "en", "beam_size": 1}
+FORM = "application/x-www-form-urlencoded"
 
 
 def native_bodies() -> dict[str, bytes]:
@@ -45,6 +49,25 @@ def native_bodies() -> dict[str, bytes]:
         "an inline glossary of 22,000 terms": {**NATIVE, "text": "Un chien.", "glossary": terms},
     }
     return {name: json.dumps(body).encode() for name, body in bodies.items()}
+
+
+def glossary_bodies() -> dict[str, tuple[bytes, str]]:
+    """Bodies of about 10 MB for /v2/glossaries (NMT_MAX_GLOSSARY_BYTES): 800,000 keys, and a
+    real glossary of 100,000 entries (NMT_MAX_GLOSSARY_ENTRIES) as JSON and as a form."""
+    keys = "{" + ",".join(f'"k{i}":1' for i in range(800_000)) + "}"
+    entries = "".join(
+        f"le mot numéro {i} d'une longue liste de termes\tthe word number {i} of a long list\n"
+        for i in range(100_000)
+    )
+    glossary = {"name": "g", "source_lang": "FR", "target_lang": "EN", "entries": entries}
+    return {
+        "800,000 keys to /v2/glossaries": (keys.encode(), JSON["content-type"]),
+        "a glossary of 100,000 entries, JSON": (
+            json.dumps(glossary).encode(),
+            JSON["content-type"],
+        ),
+        "the same glossary as a form": (urlencode(glossary).encode(), FORM),
+    }
 
 
 def heavy_page(paragraphs: int = PAGE_PARAGRAPHS) -> bytes:
@@ -68,6 +91,18 @@ def body_stall(model_dir: Path, work_dir: Path, tree: Path) -> dict[str, Any]:
                 return answer.status_code, len(answer.content), time.monotonic() - started
 
             (status, size, seconds), probes = _probed(server, post)
+            rows.append(_row(name, len(body), status, size, seconds, probes))
+        for name, (body, content_type) in glossary_bodies().items():
+
+            def create(
+                body: bytes = body, content_type: str = content_type
+            ) -> tuple[int, int, float]:
+                started = time.monotonic()
+                headers = {"content-type": content_type}
+                answer = client.post("/v2/glossaries", content=body, headers=headers)
+                return answer.status_code, len(answer.content), time.monotonic() - started
+
+            (status, size, seconds), probes = _probed(server, create)
             rows.append(_row(name, len(body), status, size, seconds, probes))
         page = heavy_page()
 
@@ -132,7 +167,9 @@ def markdown_body_stall(result: dict[str, Any]) -> str:
         "`GET /healthz` probed every 20 ms from its own connection while each request runs, "
         "one at a time, on a server with one engine thread. The native requests are about 1 MB "
         "each (NMT_MAX_BODY_BYTES): 250,000 empty lists as `text`, 60,000 unknown fields, and "
-        "a valid inline glossary of 22,000 terms. The page is 12 MB of HTML (12,000 paragraphs, "
+        "a valid inline glossary of 22,000 terms. The glossary bodies are about 10 MB each "
+        "(NMT_MAX_GLOSSARY_BYTES): 800,000 keys, and a real glossary of 100,000 entries as JSON "
+        "and as a form. The page is 12 MB of HTML (12,000 paragraphs, "
         "each with 40 empty spans) uploaded through DeepL's `/v2/document`, then probed for "
         f"{TRANSLATING_SECONDS:g} s while the worker reads it again and translates its first "
         "chunks. Idle /healthz p50 / p99 / max: "

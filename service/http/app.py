@@ -32,6 +32,7 @@ from service.http.dependencies import (
     require_api_key_for_metrics,
 )
 from service.http.dialect import Dialect
+from service.http.json_process import JsonProcess
 from service.http.middleware import QUIET_ROUTES, RequestContextMiddleware
 from service.http.pages import add_pages
 from service.serving import heap
@@ -113,6 +114,7 @@ def create_app(
     )
     app.state.settings, app.state.metrics, app.state.service = settings, metrics, service
     app.state.api_keys = ApiKeys(settings.api_key_list)
+    app.state.json_process = JsonProcess()  # the glossary routes' big bodies
     app.state.admin_keys = ApiKeys(settings.admin_key_list)
     add_pages(app, docs=settings.docs)
     app.include_router(routes.build_router(settings))

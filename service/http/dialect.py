@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 
 from service.documents import markup
 from service.http.dependencies import client_disconnected, header_key
+from service.http.json_process import MAX_VALUES, TooManyValues
 from service.http.limits import Limit, limit_of
 from service.http.usage import account
 from service.runtime.search import SearchOptions
@@ -261,6 +262,10 @@ class BodyWording:
     not_an_object: str
     unreadable_form: str  # with "{detail}": Starlette's reason
     unreadable_markup: str  # with "{detail}": what the markup parser said
+    too_many_values: str = (
+        "The request body holds more than {limit} JSON values: a glossary's entries go in "
+        "one string (entries)."
+    )
 
 
 JSON_OR_FORM = ("application/json", "application/x-www-form-urlencoded")
@@ -285,8 +290,14 @@ async def read_body(
     what an empty JSON body reads as ("{}" or "null")."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json" or content_type.endswith("+json"):
+        body = await request.body() or empty_json.encode()
         try:
-            data = json.loads(await request.body() or empty_json.encode())
+            if len(body) > request.app.state.settings.max_body_bytes:  # a glossary route's
+                data = await request.app.state.json_process.loads(body)
+            else:
+                data = json.loads(body)
+        except TooManyValues:
+            raise error(400, wording.too_many_values.format(limit=MAX_VALUES)) from None
         # ValueError covers JSONDecodeError, bad UTF-8 and integers past Python's digit limit;
         # RecursionError, JSON nested deeper than the parser's stack.
         except (ValueError, RecursionError):
