@@ -3,6 +3,7 @@ keeping the source text it came from), and the HTML and XML readers."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -116,7 +117,9 @@ class _HtmlReader(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.source = source
         self.slicer = _SourceSlicer(source)
-        self.line_starts = [0, *(i + 1 for i, c in enumerate(source) if c == "\n")]
+        # (re finds the line ends in C: a Python loop over the characters took 1.7 s of a
+        # 12 MB page's 15 s.)
+        self.line_starts = [0, *(end.end() for end in re.finditer("\n", source))]
         self.root = Element("", {}, "", closed_by_start=True)
         self.stack = [self.root]
         # Where the script or style whose end tag has not come yet started (line, column).
