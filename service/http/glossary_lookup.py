@@ -34,6 +34,8 @@ async def terminology_of(
     """The terms of glossary `glossary_id`'s dictionary for the pair, read on the store's
     threads, ready to be found in text; `error(status, message)` makes the dialect's error for an
     unknown glossary (404, also another key's) or a glossary without that pair (400)."""
+    if not glossary_id.isascii():  # ids are UUIDs; a lone surrogate would fail the driver
+        raise error(404, "Glossary not found.")
     try:
         dictionary = await glossaries.threads.run(
             glossaries.dictionary, owner, glossary_id, source_lang, target_lang

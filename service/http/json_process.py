@@ -22,6 +22,9 @@ from typing import Any
 # Values (the top level, every object member and array item) a big body may hold. DeepL's
 # glossary requests hold a few dozen.
 MAX_VALUES = 10_000
+# Arrays and objects within each other (DeepL's requests: 3). Deeper bodies are refused as
+# unreadable: pickling one back (about 500 levels) would pass Python's recursion limit.
+MAX_DEPTH = 32
 # Children at once; more big bodies wait their turn (each child holds a body's copy).
 MAX_CHILDREN = 2
 
@@ -34,16 +37,17 @@ class TooManyValues(ValueError):
 def parse_bounded(body: bytes) -> Any:
     """The body's JSON; ValueError (json's own, or TooManyValues) or RecursionError."""
     data = json.loads(body)
-    count, pending = 0, [data]
+    count, pending = 0, [(data, 0)]
     while pending:
-        value = pending.pop()
+        value, depth = pending.pop()
         count += 1
         if count > MAX_VALUES:
             raise TooManyValues
-        if isinstance(value, dict):
-            pending.extend(value.values())
-        elif isinstance(value, list):
-            pending.extend(value)
+        if isinstance(value, dict | list):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"the body nests arrays and objects more than {MAX_DEPTH} deep")
+            items = value.values() if isinstance(value, dict) else value
+            pending.extend((item, depth + 1) for item in items)
     return data
 
 

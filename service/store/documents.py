@@ -95,7 +95,9 @@ class ClaimedDocument:
 
 
 def _hash(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+    # surrogatepass: a key holding any surrogate (a form's undecodable bytes, JSON's lone
+    # "\ud800") hashes, and matches no document (their keys are hex).
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _now() -> datetime:

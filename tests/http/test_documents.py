@@ -405,3 +405,21 @@ def test_a_status_poll_has_an_ordinary_body_limit_not_the_uploads(idle: TestClie
         answer = idle.post(path, content=big, headers=headers)
         assert answer.status_code == 413, (path, answer.text)
     assert idle.post(f"/v2/document/{handle['document_id']}", json=handle).status_code == 200
+
+
+def test_a_key_or_a_glossary_id_that_is_not_unicode_finds_nothing(idle: TestClient):
+    """Found by fuzzing: a lone surrogate (JSON's "\\ud800") as a document's key, or as the
+    glossary of a translation, reached the database driver and failed there (a 500)."""
+    handle = deepl_upload(idle, "a.txt", b"Un chat dort.").json()
+    headers = {"content-type": "application/json"}
+    lone = '{"document_key": "\\ud800"}'
+    for path in (
+        f"/v2/document/{handle['document_id']}",
+        f"/v2/document/{handle['document_id']}/result",
+    ):
+        answer = idle.post(path, content=lone, headers=headers)
+        assert answer.status_code == 404, answer.text
+    body = '{"text": ["Bonjour"], "source_lang": "FR", "target_lang": "EN", "glossary_id": '
+    body += '"\\ud800"}'
+    answer = idle.post("/v2/translate", content=body, headers=headers)
+    assert answer.status_code == 404 and answer.json() == {"message": "Glossary not found."}

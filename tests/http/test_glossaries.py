@@ -533,6 +533,9 @@ def test_a_json_body_past_the_body_limit_is_read_in_a_child_and_bounded(
         headers = {"content-type": "application/json"}
         answer = call(small, "POST", "/v2/glossaries", content=many, headers=headers)
         refused(answer, 400, "more than 10000 JSON values", "entries")
+        nested = '{"a": ' + "[" * 600 + "]" * 600 + ', "p": "' + "x" * 30_000 + '"}'
+        answer = call(small, "POST", "/v2/glossaries", content=nested, headers=headers)
+        refused(answer, 400, "Invalid JSON")  # (pickling it back was a 500)
         broken = json.dumps(v2_body(entries))[:-2]
         answer = call(small, "POST", "/v2/glossaries", content=broken, headers=headers)
         refused(answer, 400, "Invalid JSON")
