@@ -31,6 +31,7 @@ from bench.reliability.loop_stall import (
     _probed,
     _tree_note,
     _trees,
+    add_tree_arguments,
 )
 from bench.reliability.traffic import JSON, french_sentence, idle_healthz
 
@@ -147,11 +148,7 @@ def run_body_stall(model_dir: Path, work_dir: Path, args: argparse.Namespace) ->
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """The subcommand of this module, for bench/reliability/__main__.py."""
-    stall = commands.add_parser("body-stall", help="/healthz while big bodies are read")
-    stall.add_argument("--tree", type=Path, help="the checkout that serves (default: this)")
-    stall.add_argument(
-        "--before-tree", type=Path, help="a checkout measured first, shown as 'before'"
-    )
+    add_tree_arguments(commands.add_parser("body-stall", help="/healthz while big bodies are read"))
 
 
 def markdown_body_stall(result: dict[str, Any]) -> str:

@@ -252,10 +252,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     stall.add_argument("--repeats", type=int, default=2, help="of each request and concurrency")
     amplify = commands.add_parser("amplification", help="a small request, a huge alignment")
     for command in (stall, amplify):
-        command.add_argument("--tree", type=Path, help="the checkout that serves (default: this)")
-        command.add_argument(
-            "--before-tree", type=Path, help="a checkout measured first, shown as 'before'"
-        )
+        add_tree_arguments(command)
+
+
+def add_tree_arguments(command: argparse.ArgumentParser) -> None:
+    """--tree and --before-tree, which _trees reads."""
+    command.add_argument("--tree", type=Path, help="the checkout that serves (default: this)")
+    command.add_argument(
+        "--before-tree", type=Path, help="a checkout measured first, shown as 'before'"
+    )
 
 
 def _command(result: dict[str, Any], name: str) -> str:

@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -125,6 +127,28 @@ def test_the_gauge_is_nan_while_the_database_fails_or_hangs(
     assert glossaries_gauge(metrics.render().decode()) == 7
 
 
+def a_glossary_and_a_document(post: Callable[..., Any]) -> tuple[str, dict]:
+    """A glossary (chien -> hound) and an uploaded document's handle, made through
+    `post(path, **request)` (a TestClient's, or httpx's against a server)."""
+    created = post(
+        "/v2/glossaries",
+        json={
+            "name": "g",
+            "source_lang": "fr",
+            "target_lang": "en",
+            "entries": "chien\thound",
+            "entries_format": "tsv",
+        },
+    )
+    assert created.status_code == 201, created.text
+    upload = post(
+        "/v2/document",
+        data={"target_lang": "EN-US", "source_lang": "FR"},
+        files={"file": ("a.txt", b"Un chien dort.")},
+    )
+    return created.json()["glossary_id"], upload.json()
+
+
 def test_a_database_gone_away_is_a_503_to_retry_on_every_route_that_needs_it(
     postgres_server, model_dir: Path
 ) -> None:
@@ -136,23 +160,7 @@ def test_a_database_gone_away_is_a_503_to_retry_on_every_route_that_needs_it(
     url = postgres_server.create_database()
     client = start(settings_for(url, model_dir=model_dir, threads=1, warmup=False))
     try:
-        created = client.post(
-            "/v2/glossaries",
-            json={
-                "name": "g",
-                "source_lang": "fr",
-                "target_lang": "en",
-                "entries": "chien\thound",
-                "entries_format": "tsv",
-            },
-        )
-        assert created.status_code == 201, created.text
-        glossary = created.json()["glossary_id"]
-        upload = client.post(
-            "/v2/document",
-            data={"target_lang": "EN-US", "source_lang": "FR"},
-            files={"file": ("a.txt", b"Un chien dort.")},
-        ).json()
+        glossary, upload = a_glossary_and_a_document(client.post)
         postgres_server.drop_database(url.rsplit("/", 1)[1])
         text = {"text": "Un chien dort.", "source_lang": "fr", "target_lang": "en"}
         deepl = {"text": ["Un chien dort."], "source_lang": "FR", "target_lang": "EN"}
@@ -194,23 +202,9 @@ def test_a_database_that_hangs_holds_no_translation_and_its_requests_get_503_in_
     with running_server(
         model_dir, tmp_path, database_url=url, database_timeout_seconds=2, threads=1
     ) as server:
-        created = httpx.post(
-            f"{server.url}/v2/glossaries",
-            json={
-                "name": "g",
-                "source_lang": "fr",
-                "target_lang": "en",
-                "entries": "chien\thound",
-                "entries_format": "tsv",
-            },
+        glossary, upload = a_glossary_and_a_document(
+            lambda path, **request: httpx.post(f"{server.url}{path}", **request)
         )
-        assert created.status_code == 201, created.text
-        glossary = created.json()["glossary_id"]
-        upload = httpx.post(
-            f"{server.url}/v2/document",
-            data={"target_lang": "EN-US", "source_lang": "FR"},
-            files={"file": ("a.txt", b"Un chien dort.")},
-        ).json()
         locker = create_engine(url).connect()
         locker.execute(
             text("LOCK TABLE document_jobs, glossaries IN ACCESS EXCLUSIVE MODE")
