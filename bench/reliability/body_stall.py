@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -30,8 +31,8 @@ from bench.reliability.loop_stall import (
     _command,
     _probed,
     _tree_note,
-    _trees,
     add_tree_arguments,
+    compared,
 )
 from bench.reliability.traffic import JSON, french_sentence, idle_healthz
 
@@ -139,11 +140,7 @@ def _row(
 
 
 def run_body_stall(model_dir: Path, work_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    runs = {
-        label: body_stall(model_dir, work_dir / label.replace(" ", "-"), tree)
-        for label, tree in _trees(args)
-    }
-    return {"test": "body-stall", "runs": runs}
+    return compared("body-stall", partial(body_stall, model_dir), work_dir, args)
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:

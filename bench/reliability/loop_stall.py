@@ -230,20 +230,28 @@ def _trees(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return ([("before", before)] if before else []) + [current]
 
 
-def run_markup_stall(model_dir: Path, work_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+def compared(
+    test: str,
+    measure: Callable[[Path, Path], dict[str, Any]],
+    work_dir: Path,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """`measure(work_dir, tree)` on each tree the arguments name (before first), as one result."""
     runs = {
-        label: markup_stall(model_dir, work_dir / label.replace(" ", "-"), tree, args.repeats)
-        for label, tree in _trees(args)
+        label: measure(work_dir / label.replace(" ", "-"), tree) for label, tree in _trees(args)
     }
-    return {"test": "markup-stall", "runs": runs}
+    return {"test": test, "runs": runs}
+
+
+def run_markup_stall(model_dir: Path, work_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    def measure(folder: Path, tree: Path) -> dict[str, Any]:
+        return markup_stall(model_dir, folder, tree, args.repeats)
+
+    return compared("markup-stall", measure, work_dir, args)
 
 
 def run_amplification(model_dir: Path, work_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    runs = {
-        label: amplification(model_dir, work_dir / label.replace(" ", "-"), tree)
-        for label, tree in _trees(args)
-    }
-    return {"test": "amplification", "runs": runs}
+    return compared("amplification", partial(amplification, model_dir), work_dir, args)
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
