@@ -376,12 +376,9 @@ def build_router(settings: Settings) -> APIRouter:
             )  # 404 before any write
             if merged is not None:
                 await _within_entry_limit(store, owner, glossary_id, merged, limits)
-            if name is not None:
-                info = await _stored(store.threads, store.rename, owner, glossary_id, name)
-            if merged is not None:
-                info = await _stored(
-                    store.threads, store.merge_dictionary, owner, glossary_id, merged
-                )
+            if name is not None or merged is not None:  # both or neither: one transaction
+                changes = [merged] if merged is not None else []
+                info = await _stored(store.threads, store.update, owner, glossary_id, name, changes)
             return JSONResponse(_v3_view(info))
 
         return await answer(request, keys, respond)

@@ -36,7 +36,7 @@ from service.serving.settings import Settings
 from service.store.documents import DocumentStore
 from service.store.errors import StoreError, StoreUnavailable
 from service.store.glossaries import GlossaryStore
-from service.store.threads import StoreThreads
+from service.store.threads import StoreThreads, may_commit
 
 log = logging.getLogger("nmt.store")
 
@@ -97,9 +97,12 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
-        """One transaction, committed when the block ends, rolled back if it raises."""
+        """One transaction, committed when the block ends, rolled back if it raises, or if
+        the request it runs for has been answered meanwhile (threads.py)."""
         with _available(), self._writer.begin() as connection:
             yield connection
+            if not may_commit():
+                raise StoreUnavailable("rolled back: the request waited too long for it")
 
     def close(self) -> None:
         self.engine.dispose()
