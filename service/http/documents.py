@@ -318,8 +318,10 @@ def _file_of(fields: dict[str, Any], error: type) -> tuple[bytes, str | None]:
 
 def _document_key(fields: dict[str, Any]) -> str:
     key = fields.get("document_key")
-    if not isinstance(key, str) or not key:
+    if key is None or key == "":
         raise deepl.DeepLError(400, "Parameter 'document_key' not specified.")
+    if not isinstance(key, str):  # a number, a list: the upload's answer holds a string
+        raise deepl.DeepLError(400, "Value for 'document_key' not supported: expected a string.")
     return key
 
 

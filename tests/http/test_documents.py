@@ -93,6 +93,9 @@ def test_deepl_statuses_a_wrong_key_and_a_second_download_are_404(server):
     status_url = f"{server.url}/v2/document/{handle['document_id']}"
     wrong = httpx.post(status_url, json={"document_key": "0" * 64})
     assert wrong.status_code == 404 and "message" in wrong.json()
+    for missing, message in (({}, "not specified"), ({"document_key": 1}, "expected a string")):
+        refused = httpx.post(status_url, json=missing)
+        assert refused.status_code == 400 and message in refused.json()["message"], refused.text
 
     def finished() -> dict | None:
         body = httpx.post(status_url, json={"document_key": handle["document_key"]}).json()
