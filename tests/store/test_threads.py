@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from service.store import Dictionary, DocumentNotFound, Store, StoreUnavailable
-from service.store.threads import StoreThreads
+from service.store.threads import StoreThreads, may_commit
 from tests.store.test_documents import upload
 
 TIMEOUT_SECONDS = 0.3
@@ -113,3 +114,21 @@ def test_background_work_is_never_rolled_back(one_thread: Store) -> None:
 
     asyncio.run(background())
     assert len(one_thread.glossaries.list("")) == 1
+
+
+def test_a_commit_already_sent_is_waited_for_once_more() -> None:
+    """Past the timeout, a call whose commit has begun is not abandoned (its outcome is the
+    database's): its request waits once more as long, and then says it may have been made."""
+    threads = StoreThreads(TIMEOUT_SECONDS, threads=1)
+
+    def commit_taking(seconds: float) -> str:
+        assert may_commit()  # as Database.write asks before it commits
+        time.sleep(seconds)
+        return "committed"
+
+    try:
+        assert asyncio.run(threads.run(commit_taking, 1.5 * TIMEOUT_SECONDS)) == "committed"
+        with pytest.raises(StoreUnavailable, match="did not confirm a change"):
+            asyncio.run(threads.run(commit_taking, 3 * TIMEOUT_SECONDS))
+    finally:
+        threads.close()
