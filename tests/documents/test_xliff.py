@@ -4,6 +4,8 @@ hostile XML refused before anything is read."""
 
 from __future__ import annotations
 
+import codecs
+import itertools
 from collections import Counter
 from pathlib import Path
 from xml.etree import ElementTree
@@ -344,13 +346,23 @@ def test_billion_laughs_is_refused() -> None:
 def test_external_entity_is_refused(tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("the secret")
-    for system in ("file:///etc/passwd", secret.as_uri()):
-        data = (
-            f'<?xml version="1.0"?>\n<!DOCTYPE xliff [<!ENTITY xxe SYSTEM "{system}">]>\n'
+    # In UTF-16 too, where the declaration is not ASCII bytes.
+    encodings = (
+        (b"", "utf-8"),
+        (codecs.BOM_UTF16_LE, "utf-16-le"),
+        (codecs.BOM_UTF16_BE, "utf-16-be"),
+    )
+    for system, (bom, encoding) in itertools.product(
+        ("file:///etc/passwd", secret.as_uri()), encodings
+    ):
+        declared = "UTF-16" if bom else "UTF-8"
+        data = bom + (
+            f'<?xml version="1.0" encoding="{declared}"?>\n'
+            f'<!DOCTYPE xliff [<!ENTITY xxe SYSTEM "{system}">]>\n'
             f'<xliff version="1.2" xmlns="{XLIFF_1}"><file original="a" source-language="fr" '
             'datatype="x"><body><trans-unit id="1"><source>&xxe;</source></trans-unit></body>'
             "</file></xliff>"
-        ).encode()
+        ).encode(encoding)
         assert XliffFormat.sniff(data)
         with pytest.raises(DocumentRefused, match="entities") as refused:
             XliffFormat.extract(data, DocumentLimits())

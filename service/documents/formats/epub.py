@@ -17,9 +17,7 @@ well-formed XML that the layer reads with its HTML kind, as a page's runs are re
 
 from __future__ import annotations
 
-import io
 import posixpath
-import zipfile
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -31,7 +29,13 @@ from service.documents.formats.base import (
     DocumentRefused,
     Extracted,
 )
-from service.documents.formats.safety import Archive, is_zip, open_zip, parse_xml, xml_bytes
+from service.documents.formats.safety import (
+    Archive,
+    open_zip,
+    parse_xml,
+    small_member,
+    xml_bytes,
+)
 from service.documents.formats.xliff import XML_NS, Fragments, check_characters
 from service.documents.markup import HTML_BLOCKS, HTML_IGNORED, MarkupOptions
 
@@ -54,14 +58,8 @@ class EpubFormat(DocumentFormat):
 
     @classmethod
     def sniff(cls, data: bytes) -> bool:
-        if not is_zip(data):
-            return False
-        try:
-            with zipfile.ZipFile(io.BytesIO(data)) as archive:
-                info = archive.getinfo("mimetype")
-                return info.file_size <= 64 and archive.read(info).strip() == MEDIA_TYPE
-        except (zipfile.BadZipFile, KeyError, OSError, ValueError, NotImplementedError, EOFError):
-            return False
+        declared = small_member(data, "mimetype", 64)
+        return declared is not None and declared.strip() == MEDIA_TYPE
 
     @classmethod
     def extract(cls, data: bytes, limits: DocumentLimits) -> EpubDocument:

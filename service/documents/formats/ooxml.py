@@ -22,9 +22,7 @@ translations to that fresh tree, so an Extracted can be written any number of ti
 from __future__ import annotations
 
 import copy
-import io
 import posixpath
-import zipfile
 from collections.abc import Callable, Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import unquote
@@ -33,7 +31,13 @@ from lxml import etree
 
 from service.documents.formats.base import DocumentLimits, DocumentRefused, Extracted
 from service.documents.formats.inline import Paragraph, Piece
-from service.documents.formats.safety import Archive, is_zip, open_zip, parse_xml, xml_bytes
+from service.documents.formats.safety import (
+    Archive,
+    open_zip,
+    parse_xml,
+    small_member,
+    xml_bytes,
+)
 
 CONTENT_TYPES = "[Content_Types].xml"
 _CT = "{http://schemas.openxmlformats.org/package/2006/content-types}"
@@ -46,17 +50,12 @@ _SNIFF_CAP = 1024 * 1024  # a [Content_Types].xml is a few kB; sniffing reads no
 def sniff_main_type(data: bytes, main_types: Collection[str]) -> bool:
     """Does the package declare a part of one of these main content types? Reads only
     `[Content_Types].xml` (capped), so sniffing costs nothing whatever the archive holds."""
-    if not is_zip(data):
+    declared = small_member(data, CONTENT_TYPES, _SNIFF_CAP)
+    if declared is None:
         return False
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            info = archive.getinfo(CONTENT_TYPES)
-            if info.file_size > _SNIFF_CAP or info.flag_bits & 0x1:
-                return False
-            with archive.open(info) as member:
-                declared = member.read(_SNIFF_CAP + 1)
         root = parse_xml(declared, CONTENT_TYPES)
-    except (KeyError, zipfile.BadZipFile, OSError, EOFError, ValueError, DocumentRefused):
+    except DocumentRefused:
         return False
     wanted = {kind.lower() for kind in main_types}
     return any(

@@ -31,9 +31,7 @@ The archive is written back by safety.Archive: the `mimetype` member stays first
 
 from __future__ import annotations
 
-import io
 import re
-import zipfile
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar, cast
@@ -47,7 +45,13 @@ from service.documents.formats.base import (
     Extracted,
 )
 from service.documents.formats.inline import Paragraph
-from service.documents.formats.safety import Archive, is_zip, open_zip, parse_xml, xml_bytes
+from service.documents.formats.safety import (
+    Archive,
+    open_zip,
+    parse_xml,
+    small_member,
+    xml_bytes,
+)
 from service.documents.formats.text import (
     attach_spaces,
     check_characters,
@@ -301,16 +305,8 @@ class OdpFormat(_OpenDocument):
 
 def _mimetype(data: bytes) -> str | None:
     """The `mimetype` member, which ODF puts first and stored, naming the document's kind."""
-    if not is_zip(data):
-        return None
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            info = archive.getinfo("mimetype")
-            if info.file_size > 256:
-                return None
-            return archive.read(info).decode("ascii", errors="replace").strip()
-    except (KeyError, zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
-        return None
+    declared = small_member(data, "mimetype", 256)
+    return None if declared is None else declared.decode("ascii", errors="replace").strip()
 
 
 class _OpenDocumentExtracted(Extracted):

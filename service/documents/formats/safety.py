@@ -13,8 +13,10 @@ files, epub) and XML.
 from __future__ import annotations
 
 import io
+import lzma
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 
 from lxml import etree
@@ -22,6 +24,22 @@ from lxml import etree
 from service.documents.formats.base import DocumentLimits, DocumentRefused
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
+# What reading a damaged or unusual zip raises: a bad header or checksum (BadZipFile), a stream
+# that does not inflate (zlib.error, lzma.LZMAError; bz2 raises OSError), a truncated one
+# (EOFError), a compression method zipfile lacks (NotImplementedError), an encrypted member
+# (RuntimeError: a password is required), a name it cannot find (KeyError).
+DAMAGED_ZIP = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    OSError,
+    EOFError,
+    ValueError,
+    NotImplementedError,
+    RuntimeError,
+    KeyError,
+)
 
 
 @dataclass
@@ -61,6 +79,23 @@ class Archive:
 
 def is_zip(data: bytes) -> bool:
     return data[:4] == b"PK\x03\x04"
+
+
+def small_member(data: bytes, name: str, cap: int) -> bytes | None:
+    """The member `name` of the zip `data` (a format's signature: a mimetype, a content types
+    list) if it has one of at most `cap` bytes that reads whole; else None: sniffing, an archive
+    that is damaged or not as expected is simply not that format."""
+    if not is_zip(data):
+        return None
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            info = archive.getinfo(name)
+            if info.file_size > cap or info.flag_bits & 0x1:
+                return None
+            with archive.open(info) as member:
+                return member.read(cap + 1)
+    except DAMAGED_ZIP:
+        return None
 
 
 def open_zip(data: bytes, limits: DocumentLimits) -> Archive:
@@ -105,7 +140,7 @@ def _inflate(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
     try:
         with archive.open(info) as member:
             data = member.read(info.file_size + 1)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as error:
+    except DAMAGED_ZIP as error:
         raise DocumentRefused(
             f"the archive member {info.filename!r} is damaged ({error})"
         ) from None
@@ -153,6 +188,11 @@ def parse_xml(data: bytes, what: str) -> etree._Element:
         raise DocumentRefused(f"{what} is not well-formed XML ({error})") from None
     if root is None:
         raise DocumentRefused(f"{what} holds no XML")
+    # The bytes' check reads ASCII; in another encoding (UTF-16) a subset passes it unseen, and
+    # the parsed document says what it declared (nothing was resolved meanwhile).
+    subset = root.getroottree().docinfo.internalDTD
+    if subset is not None and (any(subset.iterentities()) or any(subset.iterelements())):
+        raise DocumentRefused(f"{what} declares entities (a DTD subset): they are not read")
     return root
 
 
