@@ -545,7 +545,7 @@ def _srt_spans(text: str) -> list[tuple[int, int]]:
     """Each cue's text span, by srt's own grammar (srt.parse refuses what is not SRT)."""
     try:
         parsed = list(srt.parse(text))
-    except (srt.SRTParseError, srt.TimestampParseError, ValueError) as error:
+    except (srt.SRTParseError, srt.TimestampParseError, ValueError, OverflowError) as error:
         raise DocumentRefused(f"the file is not valid SRT ({error})") from None
     spans = [match.span(5) for match in srt.SRT_REGEX.finditer(text)]
     if len(spans) != len(parsed):  # the same expression: never, unless srt changes
@@ -558,7 +558,7 @@ def _vtt_spans(text: str) -> list[tuple[int, int]]:
     parse_item, and the cues found checked against WebVTT.from_string's."""
     try:
         captions = webvtt.WebVTT.from_string(text).captions
-    except (MalformedFileError, MalformedCaptionError, ValueError) as error:
+    except (MalformedFileError, MalformedCaptionError, ValueError, OverflowError) as error:
         raise DocumentRefused(f"the file is not valid WebVTT ({error})") from None
     spans: list[tuple[int, int]] = []
     found: list[list[str]] = []
