@@ -224,9 +224,11 @@ async def _read_fields(request: Request) -> dict[str, Any]:
     fields: dict[str, Any] = dict(request.query_params)
     if body is not None:
         fields.update({k: v for k, v in body.items() if isinstance(v, str)})
-        # Form bodies get LF line endings, as LibreTranslate does for its character limit.
-        if isinstance(fields.get("q"), str):
-            fields["q"] = "\n".join(fields["q"].splitlines())
+        # Form bodies get LF line endings, as LibreTranslate does for its character limit;
+        # `q` repeated is a list of texts, as a JSON list is (not the last one alone).
+        texts = ["\n".join(q.splitlines()) for q in body.getlist("q") if isinstance(q, str)]
+        if texts:
+            fields["q"] = texts if len(texts) > 1 else texts[0]
     return fields
 
 

@@ -72,6 +72,20 @@ def test_urlencoded_form(client: TestClient, translator: Translator):
     assert response.json() == {"translatedText": expected(translator, ["Un chat dort."])[0]}
 
 
+@pytest.mark.parametrize("multipart", [False, True])
+def test_a_form_that_repeats_q_translates_every_text(
+    client: TestClient, translator: Translator, multipart: bool
+):
+    """As a JSON list would: each text, in order, none dropped."""
+    texts = ["Un chat dort.", "Deux chiens jouent.", "Il pleut."]
+    files = {"unused": ("a.txt", b"ignored")} if multipart else None
+    response = client.post(
+        "/translate", data={"q": texts, "source": "fr", "target": "en"}, files=files
+    )
+    assert response.status_code == 200, response.text
+    assert response.json() == {"translatedText": expected(translator, texts)}
+
+
 @pytest.mark.parametrize("api_key", [{}, 7, ["k"]])
 def test_an_api_key_that_is_not_a_string_is_refused(client: TestClient, api_key):
     body = {"q": "Un chat dort.", "source": "fr", "target": "en", "api_key": api_key}
