@@ -229,8 +229,33 @@ def test_byte_order_mark_is_read_and_kept() -> None:
 def test_undecodable_text_is_refused() -> None:
     with pytest.raises(DocumentRefused, match="not valid utf-8"):
         extract(b"<!DOCTYPE html><html><p>Caf\xe9 noir</p></html>")
-    with pytest.raises(DocumentRefused, match="unknown encoding"):
+    with pytest.raises(DocumentRefused, match="web browsers do not read"):
         extract(b'<!DOCTYPE html><html><meta charset="klingon"><p>Un chat.</p></html>')
+
+
+@pytest.mark.parametrize(
+    "label",
+    # Python codecs no browser has: what is text to a browser would be read as markup
+    # (utf-7's +ADw-script+AD4-), or byte transforms, or a text codec no page is in (EBCDIC);
+    # and the Encoding Standard's own non-encodings.
+    [
+        *("utf-7", "unicode_escape", "raw_unicode_escape", "base64", "zlib", "rot13", "hex"),
+        *("uu", "punycode", "idna", "undefined", "cp037", "utf-32", "x-user-defined"),
+        "iso-2022-kr",
+    ],
+)
+def test_an_encoding_browsers_do_not_read_pages_in_is_refused(label: str) -> None:
+    script = "+ADw-script+AD4-alert(1)+ADw-/script+AD4- \\x3cscript\\x3e"
+    page = f'<!DOCTYPE html><html><meta charset="{label}"><p>Un chat. {script}</p></html>'
+    with pytest.raises(DocumentRefused, match="web browsers do not read"):
+        extract(page.encode("ascii"))
+
+
+def test_a_label_is_read_as_browsers_read_it() -> None:
+    """`latin1` and `iso-8859-1` mean windows-1252 to a browser (0x80 is the euro sign)."""
+    for label in ("latin1", "ISO-8859-1", " windows-1252"):
+        page = f'<!DOCTYPE html><html><meta charset="{label.strip()}"><p>Un café à 5 \x80.</p>'
+        assert extract(page.encode("latin-1")).segments == ["Un café à 5 €."]
 
 
 def test_unclosed_script_is_refused() -> None:

@@ -21,10 +21,11 @@ Not translated: attribute text (`alt`, `title`, `placeholder`), `<meta name="des
 
 from __future__ import annotations
 
-import codecs
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import webencodings
 
 from service.documents import markup
 from service.documents.formats.base import (
@@ -50,6 +51,10 @@ _DECLARED = (
     re.compile(rb"\A\s*<\?xml[^>]*?encoding\s*=\s*[\"']([A-Za-z0-9_.:-]+)", re.IGNORECASE),
 )
 _PRESCAN = 4096
+# Encoding Standard names that are no encoding to translate a page in: "replacement" (labels
+# such as iso-2022-kr, which browsers decode as a single U+FFFD, against cross-site scripting
+# through them) and "x-user-defined" (bytes past ASCII mapped to private-use characters).
+_NOT_FOR_PAGES = ("replacement", "x-user-defined")
 # A page, not a fragment: a doctype or <html> first, past whitespace, comments and an XML
 # declaration (XHTML).
 _PAGE_START = re.compile(
@@ -233,10 +238,18 @@ def _encoding(data: bytes) -> tuple[bytes, str]:
     for pattern in _DECLARED:
         if found := pattern.search(head):
             label = found.group(1).decode("ascii")
-            try:
-                codec = codecs.lookup(label).name
-            except LookupError:
-                raise DocumentRefused(f"the page declares an unknown encoding {label!r}") from None
-            # A declaration readable as ASCII is not in UTF-16 or UTF-32 (HTML reads it as UTF-8).
-            return b"", "utf-8" if codec.startswith(("utf-16", "utf-32")) else codec
+            # The label as a browser reads it (the WHATWG Encoding Standard's labels), not as
+            # Python's codecs would: those also name codecs no browser has (utf-7,
+            # unicode_escape), which would read text the browser shows as text (`+ADw-script`)
+            # as markup, and byte transforms (base64, zlib) that are no text encoding at all.
+            encoding = webencodings.lookup(label)
+            if encoding is None or encoding.name in _NOT_FOR_PAGES:
+                raise DocumentRefused(
+                    f"the page declares the encoding {label!r}, which web browsers do not read "
+                    "pages in: declare one of the Encoding Standard's "
+                    "(https://encoding.spec.whatwg.org/#names-and-labels), or send UTF-8"
+                )
+            codec = encoding.codec_info.name
+            # A declaration readable as ASCII is not in UTF-16 (HTML reads it as UTF-8).
+            return b"", "utf-8" if codec.startswith("utf-16") else codec
     return b"", "utf-8"
