@@ -109,3 +109,19 @@ def test_a_damaged_member_refuses_the_upload(file: str) -> None:
 
 def test_a_damaged_member_refuses_the_book(book_bytes: bytes) -> None:  # noqa: F811
     every_member_damaged(book_bytes)
+
+
+@pytest.mark.parametrize("file", ARCHIVES)
+def test_a_member_named_twice_refuses_the_upload(file: str) -> None:
+    """Readers differ on which one counts (the first, the last): the file is ambiguous, and
+    one of the two would be lost in the translation."""
+    data = FILES[file]()
+    source, out = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for info in source.infolist():
+            archive.writestr(info, source.read(info))
+        twice = source.infolist()[-1]
+        with pytest.warns(UserWarning, match="Duplicate name"):
+            archive.writestr(twice, source.read(twice))
+    with pytest.raises(DocumentRefused, match="two members named"):
+        read_upload(out.getvalue(), "a", None, limits_of(Settings()))

@@ -109,9 +109,12 @@ def open_zip(data: bytes, limits: DocumentLimits) -> Archive:
         raise DocumentRefused(
             f"the archive has {len(infos)} members, more than {limits.max_members}", 413
         )
-    total = 0
+    total, names = 0, set()
     for info in infos:
         _check_name(info.filename)
+        if info.filename in names:  # which one a reader takes is its own choice: ambiguous
+            raise DocumentRefused(f"the archive holds two members named {info.filename!r}")
+        names.add(info.filename)
         if info.flag_bits & 0x1:
             raise DocumentRefused(f"the archive member {info.filename!r} is encrypted")
         total += info.file_size
