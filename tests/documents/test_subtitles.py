@@ -208,6 +208,11 @@ def test_long_unpunctuated_runs_are_not_one_sentence() -> None:
     [
         (SrtFormat, SRT.replace("♪", "*").encode("cp1252"), "not UTF-8"),
         (SrtFormat, b"Un chien noir court dans l'herbe.\n", "not valid SRT"),
+        (  # a cue's timing line broken: srt would read it as text of the cue before
+            SrtFormat,
+            b"1\n00:00:01,000 --> 00:00:02,000\nUn chat.\n\n2\nxx --> yy\nUn chien.\n",
+            "the cue after cue 1 has a timing line that cannot be read",
+        ),
         (  # hours past what a timedelta holds
             SrtFormat,
             b"1\n99999999999999999999:00:01,000 --> 99999999999999999999:00:02,000\nUn chat.\n",

@@ -547,6 +547,16 @@ def _srt_spans(text: str) -> list[tuple[int, int]]:
         parsed = list(srt.parse(text))
     except (srt.SRTParseError, srt.TimestampParseError, ValueError, OverflowError) as error:
         raise DocumentRefused(f"the file is not valid SRT ({error})") from None
+    for subtitle in parsed:
+        # srt lets a cue's text run on past blank lines until the next well-formed cue: a cue
+        # whose timing line is broken becomes text of the cue before, number, timing and all,
+        # and would be translated so. Players skip it; here it is named.
+        broken = next((line for line in subtitle.content.splitlines() if "-->" in line), None)
+        if broken is not None:
+            raise DocumentRefused(
+                f"the file is not valid SRT: the cue after cue {subtitle.index} has a timing "
+                f"line that cannot be read ({broken[:80]!r})"
+            )
     spans = [match.span(5) for match in srt.SRT_REGEX.finditer(text)]
     if len(spans) != len(parsed):  # the same expression: never, unless srt changes
         raise DocumentRefused("the SRT file's cues could not be located")
