@@ -8,6 +8,7 @@ import codecs
 
 import pytest
 
+from service.documents.formats import detect
 from service.documents.formats.base import DocumentLimits, DocumentRefused
 from service.documents.formats.text import TxtFormat, plain_text
 from tests.documents.conftest import SegmentTranslator
@@ -141,3 +142,28 @@ def test_character_limit() -> None:
     with pytest.raises(DocumentRefused) as refused:
         TxtFormat.extract(DOCUMENT.encode(), DocumentLimits(max_characters=50))
     assert refused.value.status == 413
+
+
+FRENCH = "Le café est très chaud, n'est-ce pas ? Le chat dort.\n" * 20
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (FRENCH.encode("latin-1"), "not UTF-8 text"),
+        (FRENCH.encode("cp1252"), "not UTF-8 text"),
+        (FRENCH.encode("utf-16-le"), "UTF-16 text without a byte order mark"),
+        (FRENCH.encode("utf-16-be"), "UTF-16 text without a byte order mark"),
+        (FRENCH.replace("dort", "do\x00rt").encode(), "NUL characters"),
+    ],
+)
+def test_text_no_format_takes_is_refused_with_its_reason(data: bytes, reason: str) -> None:
+    """Text that is not in an encoding read is told what to do, not that its format is not
+    read (what a picture is told)."""
+    with pytest.raises(DocumentRefused, match=reason) as refused:
+        detect(data)
+    assert refused.value.status == 400
+    picture = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+    with pytest.raises(DocumentRefused, match="not in a format") as refused:
+        detect(picture)
+    assert refused.value.status == 415

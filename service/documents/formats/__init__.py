@@ -59,6 +59,10 @@ def detect(data: bytes) -> type[DocumentFormat]:
     for format in formats():
         if format.sniff(data):
             return format
+    from service.documents.formats.text import why_not_text
+
+    if refused := why_not_text(data):  # text, but not in an encoding read: say which
+        raise refused
     raise DocumentRefused(
         "the file is not in a format this server translates; it reads "
         + ", ".join(supported_extensions()),

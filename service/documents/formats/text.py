@@ -103,6 +103,32 @@ def decode(data: bytes, what: str) -> tuple[str, Encoding]:
     return text, Encoding(codec, bom)
 
 
+def why_not_text(data: bytes, size: int = 4096) -> DocumentRefused | None:
+    """Why a file that no format took cannot be read as text, if it is text at all (its first
+    bytes nearly all printable ASCII, or ASCII in UTF-16 without a byte order mark: a Latin-1
+    or UTF-16 export, a stray NUL); None for what is not text (a picture, an archive), which
+    is simply in no format this server reads."""
+    head = data[:size]
+    if len(head) >= 16:
+        for zeros, other in ((head[1::2], head[0::2]), (head[0::2], head[1::2])):
+            if zeros.count(0) >= 0.9 * len(zeros) and other.count(0) == 0:
+                return DocumentRefused(
+                    "the file looks like UTF-16 text without a byte order mark: save it as "
+                    "UTF-8, or UTF-16 with a byte order mark"
+                )
+    printable = sum(byte in _PRINTABLE_ASCII for byte in head)
+    if head and printable < 0.9 * len(head):
+        return None
+    try:
+        decode(data, "file")
+    except DocumentRefused as refused:
+        return refused
+    return None
+
+
+_PRINTABLE_ASCII = frozenset(range(0x20, 0x7F)) | {0x09, 0x0A, 0x0D}
+
+
 def sniff_decode(data: bytes, size: int = 4096) -> str:
     """The start of a file as text, leniently (undecodable bytes replaced): enough for a
     format to recognise its header, so that extract() can refuse a bad encoding by name."""
