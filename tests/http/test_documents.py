@@ -114,6 +114,31 @@ def test_deepl_statuses_a_wrong_key_and_a_second_download_are_404(server):
     assert again.status_code == 404
 
 
+def test_a_paragraph_too_long_for_one_sentence_is_translated_in_pieces(server):
+    """A paragraph without a sentence end, past NMT_MAX_TOKENS_PER_SENTENCE: the text API
+    refuses it, naming the limit, for its client to split; a document has no one to split
+    it, so it is cut at spaces and translated (before, the whole file failed)."""
+    clause = "un homme en chemise bleue marche dans la rue avec son chien"
+    paragraph = ", ".join([clause] * 30) + "."  # about 450 tokens, no sentence end before
+    refused = httpx.post(
+        f"{server.url}/v1/translate",
+        json={"text": paragraph, "source_lang": "fr", "target_lang": "en"},
+        timeout=60,
+    )
+    assert refused.status_code == 422 and "tokens per sentence" in refused.text
+    answer = httpx.post(
+        f"{server.url}/translate_file",
+        data={"source": "fr", "target": "en"},
+        files={"file": ("long.txt", f"Un chien dort.\n\n{paragraph}\n".encode())},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    translated = httpx.get(answer.json()["translatedFileUrl"]).text
+    first, second = translated.split("\n\n")
+    assert first == text_api(server.url, ["Un chien dort."])[0]
+    assert "man" in second and "homme" not in second
+
+
 def test_libretranslate_translate_file_answers_with_a_download_url(server):
     answer = httpx.post(
         f"{server.url}/translate_file",

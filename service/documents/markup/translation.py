@@ -7,12 +7,14 @@ import html
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
+from service.documents.markup.fitting import TokenCounter, fit_sentences
 from service.documents.markup.layout import MARKUP_THREAD, Document
 from service.documents.markup.target import SentenceTranslation, assemble
+from service.documents.markup.tree import LINE_BREAKS
 from service.documents.markup.writing import render, render_run
 from service.runtime.search import SearchOptions
 from service.serving.errors import SentenceTooLong, TranslationFailed
-from service.serving.input_text import has_letters
+from service.serving.input_text import has_letters, model_input
 from service.serving.registry import LoadedModel
 from service.serving.requests import (
     RequestResult,
@@ -44,8 +46,18 @@ async def translate(
     """Every sentence of every document in one pipeline request, with alignment on; then each
     run written with its tags placed. Long documents are walked and written on a worker
     thread (off_loop), as they were read. `background`: a document file's chunk (see
-    TranslationService.translate)."""
+    TranslationService.translate), whose sentences too long for the model are cut to fit
+    (fitting.py) rather than refused."""
     size = sum(document.chars for document in documents)
+    if background:
+        await off_loop(
+            size,
+            fit_sentences,
+            documents,
+            _token_counter(model),
+            model.max_tokens_per_sentence,
+            executor=MARKUP_THREAD,
+        )
     sources, owners = await off_loop(size, model_sentences, documents, executor=MARKUP_THREAD)
     if not sources:  # nothing but markup, numbers and symbols: the documents as they came
         texts = await off_loop(size, write, documents, [], executor=MARKUP_THREAD)
@@ -57,6 +69,17 @@ async def translate(
     found = from_pipeline(result)
     texts = await off_loop(size, write, documents, found, executor=MARKUP_THREAD)
     return MarkupResult(texts, result.sentences, result.input_tokens, result.output_tokens)
+
+
+def _token_counter(model: LoadedModel) -> TokenCounter:
+    """How many tokens the model reads for each sentence, as the pipeline will give it."""
+    tokenizer = model.translator.tokenizer
+
+    def tokens_of(sentences: list[str]) -> list[int]:
+        texts = [model_input(sentence.translate(LINE_BREAKS)) for sentence in sentences]
+        return [len(ids) for ids in tokenizer.encode(texts, model.source_lang)]
+
+    return tokens_of
 
 
 def model_sentences(documents: list[Document]) -> tuple[list[str], list[int]]:
