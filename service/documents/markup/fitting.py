@@ -21,8 +21,9 @@ piece of its own, and still fails its file, naming the limit.
 Only sentences past the limit are cut: one within it is the model's to read whole, as the
 translation API reads it (a model that reads long sentences badly, as the committed one does
 a 190-token paragraph, is better served with NMT_MAX_TOKENS_PER_SENTENCE lowered: the API
-then refuses such sentences, and documents cut them). Cutting at spaces keeps the run's words as the layout found them (a
-word never crosses a space), and so the inline tags' places (their word ranges).
+then refuses such sentences, and documents cut them). Cutting at spaces keeps the run's
+words as the layout found them (a word never crosses a space), and so the inline tags' places
+(their word ranges).
 """
 
 from __future__ import annotations
