@@ -62,6 +62,10 @@ async def _read_upload_fields(request: Request) -> dict[str, Any]:
     fields: dict[str, Any] = dict(request.query_params)
     fields.update(form.fields)
     files = [file for file in form.files if file.field_name == "file"]
+    if len(files) > 1:  # which one to translate? (a client that meant several sends several)
+        raise _error_class(request)(
+            400, f"The upload holds {len(files)} files; send one file per upload."
+        )
     if files:
         fields["file"] = (files[0].filename, files[0].data)
     return fields

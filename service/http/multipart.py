@@ -47,6 +47,7 @@ def parse_multipart(content_type: str, body: bytes) -> Form:
     value_buffer: list[bytes] = []
     data: list[bytes] = []
     parts = 0
+    closed = False  # the closing boundary was read: the body is whole
 
     def on_part_begin() -> None:
         nonlocal parts
@@ -88,9 +89,14 @@ def parse_multipart(content_type: str, body: bytes) -> Form:
             except UnicodeDecodeError:
                 raise MultipartError(f"the form field {name!r} is not UTF-8") from None
 
+    def on_end() -> None:
+        nonlocal closed
+        closed = True
+
     parser = MultipartParser(
         boundary,
         {
+            "on_end": on_end,
             "on_part_begin": on_part_begin,
             "on_header_field": on_header_field,
             "on_header_value": on_header_value,
@@ -106,4 +112,8 @@ def parse_multipart(content_type: str, body: bytes) -> Form:
         raise
     except Exception as error:  # python-multipart's own errors: a malformed body
         raise MultipartError(f"the multipart body cannot be read ({error})") from None
+    if not closed:  # python-multipart drops a part left open; its file would go unnoticed
+        raise MultipartError(
+            "the multipart body ends before its closing boundary: it was cut short"
+        )
     return form

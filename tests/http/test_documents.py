@@ -273,6 +273,11 @@ def test_uploads_with_missing_fields_are_400_in_each_dialect(idle: TestClient):
     assert unknown.status_code == 400
     not_multipart = idle.post("/v2/document", json={"target_lang": "EN-US"})
     assert not_multipart.status_code == 400
+    two = [("file", ("a.txt", b"Un chat.")), ("file", ("b.txt", b"Un chien."))]
+    both = idle.post("/v2/document", data={"target_lang": "EN-US"}, files=two)
+    assert both.status_code == 400 and "one file per upload" in both.json()["message"]
+    both = idle.post("/translate_file", data={"source": "fr", "target": "en"}, files=two)
+    assert both.status_code == 400 and "one file per upload" in both.json()["error"]
     converted = deepl_upload(idle, "a.txt", b"Un chat.", output_format="pdf")
     assert converted.status_code == 400 and "conversion" in converted.json()["message"]
     no_source = idle.post(

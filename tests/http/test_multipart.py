@@ -44,3 +44,10 @@ def test_a_form_with_too_many_fields_is_refused():
     content_type, body = encoded(fields, {"file": ("a.txt", b"x")})
     with pytest.raises(MultipartError, match="more than"):
         parse_multipart(content_type, body)
+
+
+def test_a_body_cut_short_is_refused_not_read_as_a_form_without_its_file():
+    content_type, body = encoded({"target_lang": "DE"}, {"file": ("a.txt", b"Un chat." * 100)})
+    for cut in (len(body) - 10, len(body) // 2):
+        with pytest.raises(MultipartError, match="cut short"):
+            parse_multipart(content_type, body[:cut])
