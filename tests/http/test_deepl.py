@@ -127,6 +127,22 @@ def test_form_bodies_with_repeated_text_and_split_modes(server: Server, fr_en_bu
     assert missing.json() == {"message": "Parameter 'text' not specified."}
 
 
+def test_a_form_is_read_as_utf_8_sent_raw_or_percent_encoded(server: Server):
+    """`curl -d 'text=Le café.'` sends the UTF-8 bytes as they are; a browser percent-encodes
+    them: both mean the same text. Bytes that are not UTF-8 are refused, not turned into
+    U+FFFD and translated."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    url = f"{server.url}/v2/translate"
+    raw = httpx.post(url, content="text=Le café.&target_lang=EN-GB".encode(), headers=form)
+    encoded = httpx.post(url, data={"text": "Le café.", "target_lang": "EN-GB"})
+    assert raw.status_code == encoded.status_code == 200, raw.text
+    assert raw.json() == encoded.json()
+    assert raw.json()["translations"][0]["text"] == native(server, ["Le café."])[0]
+    for body in (b"text=caf%E9&target_lang=EN-GB", b"text=caf\xe9&target_lang=EN-GB"):
+        refused = httpx.post(url, content=body, headers=form)
+        assert refused.status_code == 400 and "not UTF-8" in refused.json()["message"]
+
+
 def test_keys_are_checked_and_the_quota_ends_in_456(keyed: Server):
     with pytest.raises(deepl.AuthorizationException):
         client(keyed, "wrong-key").translate_text("Bonjour.", target_lang="EN-GB")

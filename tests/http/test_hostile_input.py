@@ -346,12 +346,12 @@ def test_an_inline_glossary_is_checked_term_by_term_up_to_the_first_bad_one(
     assert "hound" in answer.json()["translations"][0]["text"].lower()
 
 
-def test_a_long_form_is_read_off_the_event_loop_with_starlettes_limits_and_errors(
+def test_a_long_form_is_read_off_the_event_loop_with_its_limits_and_errors(
     client: TestClient,
 ):
-    """A form past 2,000 characters is parsed on a worker thread (Starlette's parser is Python:
-    0.2-0.3 s of the event loop for a 10 MB glossary form), by Starlette's own reader: the same
-    fields, the same 400 past its 1,000 fields."""
+    """A form past 2,000 characters is parsed on a worker thread (a parser in Python: 0.2-0.3 s
+    of the event loop for a 10 MB glossary form): the same fields, a 400 past 1,000 fields
+    (Starlette's limit)."""
     headers = {"content-type": "application/x-www-form-urlencoded"}
     text = "Un homme marche. " * 20
     long_form = urlencode({"text": text, "target_lang": "EN", "source_lang": "FR", "x": "y" * 3000})
@@ -361,4 +361,4 @@ def test_a_long_form_is_read_off_the_event_loop_with_starlettes_limits_and_error
     fields = urlencode([("text", "Un chien.")] * 1500 + [("target_lang", "EN")])
     answer = client.post("/v2/translate", content=fields, headers=headers)
     assert answer.status_code == 400, answer.text
-    assert "Too many fields" in answer.json()["message"]
+    assert "more than 1000 fields" in answer.json()["message"]

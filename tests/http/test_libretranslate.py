@@ -86,6 +86,17 @@ def test_a_form_that_repeats_q_translates_every_text(
     assert response.json() == {"translatedText": expected(translator, texts)}
 
 
+def test_a_form_sent_as_raw_utf_8_reads_as_it_says(client: TestClient, translator: Translator):
+    """`curl -d 'q=Le café.'`: UTF-8 not percent-encoded (before, it read "Le cafÃ©.")."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    body = "q=Le café dort.&source=fr&target=en".encode()
+    response = client.post("/translate", content=body, headers=form)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"translatedText": expected(translator, ["Le café dort."])[0]}
+    refused = client.post("/translate", content=b"q=%ff%fe&source=fr&target=en", headers=form)
+    assert refused.status_code == 400 and "not UTF-8" in refused.json()["error"]
+
+
 @pytest.mark.parametrize("api_key", [{}, 7, ["k"]])
 def test_an_api_key_that_is_not_a_string_is_refused(client: TestClient, api_key):
     body = {"q": "Un chat dort.", "source": "fr", "target": "en", "api_key": api_key}
