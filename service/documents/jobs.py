@@ -91,6 +91,10 @@ class Throughput:
         return max(1, round(characters / rate)) if characters > 0 else 0
 
 
+class _TurnOver(Exception):
+    """A worker's turn on a job is over: the job goes to the back of the queue."""
+
+
 class DocumentJobs:
     """Uploads, status, results, and this server's workers."""
 
@@ -226,11 +230,12 @@ class DocumentJobs:
             return False
         return True
 
-    async def _release(self, worker: str, job: ClaimedDocument) -> None:
+    async def _release(self, worker: str, job: ClaimedDocument, to_the_back: bool = False) -> None:
         """The job back to the queue, its chunks kept, for whoever claims it next."""
+        release = self.store.documents.release
         with contextlib.suppress(Exception):
             await asyncio.shield(
-                self.store.threads.run(self.store.documents.release, job.document_id, worker)
+                self.store.threads.run(release, job.document_id, worker, to_the_back)
             )
 
     async def _translate_held(self, worker: str, job: ClaimedDocument) -> None:
@@ -239,6 +244,9 @@ class DocumentJobs:
         except asyncio.CancelledError:  # the server stops: someone else takes it from here
             await self._release(worker, job)
             raise
+        except _TurnOver:  # others waited: behind them, its chunks kept
+            log.info("document gives up its turn", extra=_ids(job))
+            await self._release(worker, job, to_the_back=True)
         except ShuttingDown:  # the drain ran out with a chunk in the loop: the same
             log.info("document given back: the server stops", extra=_ids(job))
             await self._release(worker, job)
@@ -291,7 +299,10 @@ class DocumentJobs:
         sentences = [count for count, _ in measures]
         sizes = [characters for _, characters in measures]
         lease = self.settings.document_lease_seconds
+        turn_ends = time.monotonic() + self.settings.document_turn_seconds
         for first, last in _chunks(sentences, len(done), self.settings.document_chunk_sentences):
+            if first > len(job.done) and await self._turn_over(job, turn_ends):
+                raise _TurnOver
             started = time.monotonic()
             documents = await asyncio.to_thread(
                 collector_paused, markup.read, extracted.segments[first:last], layout
@@ -328,6 +339,15 @@ class DocumentJobs:
         ):
             self._observe(job, "done")
         log.info("document done", extra={"document_id": job.document_id, "bytes": len(data)})
+
+    async def _turn_over(self, job: ClaimedDocument, turn_ends: float) -> bool:
+        """Whether the job's turn is over: it has been translated for NMT_DOCUMENT_TURN_SECONDS
+        and another job waits (one this server can translate now)."""
+        if not self.settings.document_turn_seconds or time.monotonic() < turn_ends:
+            return False
+        return await self.store.threads.run_unbounded(
+            self.store.documents.others_waiting, job.document_id, list(self._waiting)
+        )
 
     @contextlib.asynccontextmanager
     async def _lease_kept(self, job: ClaimedDocument, worker: str) -> AsyncIterator[None]:

@@ -279,6 +279,14 @@ class Settings(BaseSettings):
     document_poll_seconds: float = Field(
         1.0, gt=0, description="how often an idle document worker looks for queued jobs"
     )
+    document_turn_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="how long a worker translates one document while other uploads wait: "
+        "past it, after its current chunk, the document goes to the back of the queue (its "
+        "chunks kept) and the worker takes the one waiting longest (0: first come, first "
+        "served, and one long file holds every upload behind it)",
+    )
     document_result_ttl_seconds: float = Field(
         3600.0,
         gt=0,

@@ -6,7 +6,10 @@ A job's life: `queued` (uploaded) -> `translating` (a worker holds its lease) ->
 result is stored) -> `downloaded` (DeepL's result is given once, then deleted); or `error`, with
 a message. A worker claims a job with a lease it renews at every chunk; a lease that runs out
 (its worker died, or hung) lets another worker claim the job, which goes on after the last chunk
-written. Claims are one transaction each: on PostgreSQL `FOR UPDATE SKIP LOCKED`, so that two
+written. The queue is first come, first served, but a worker that held a job for its turn
+(NMT_DOCUMENT_TURN_SECONDS) while others waited gives it back to the end of the queue, its
+chunks kept: one long file does not hold every other upload behind it. Claims are one
+transaction each: on PostgreSQL `FOR UPDATE SKIP LOCKED`, so that two
 workers never take the same job nor wait on each other; on SQLite the write lock that every
 write transaction takes first (database.py) does the same for the one server it serves.
 
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, and_, delete, insert, or_, select, update
+from sqlalchemy import ColumnElement, Connection, and_, delete, insert, or_, select, update
 
 from service.store.schema import document_chunks, document_files, document_jobs
 
@@ -94,6 +97,18 @@ class ClaimedDocument:
     done: list[str]  # translations of segments [0, len(done)), in order
 
 
+def _claimable(now: datetime, passed_over: Sequence[str]) -> ColumnElement[bool]:
+    """A job a worker may claim: queued, or translating under a lease that ran out; not one of
+    `passed_over`."""
+    claimable = or_(
+        document_jobs.c.status == "queued",
+        and_(document_jobs.c.status == "translating", document_jobs.c.lease_expires < now),
+    )
+    if passed_over:
+        claimable = and_(claimable, document_jobs.c.id.not_in(list(passed_over)))
+    return claimable
+
+
 def _hash(key: str) -> str:
     # surrogatepass: a key holding any surrogate (a form's undecodable bytes, JSON's lone
     # "\ud800") hashes, and matches no document (their keys are hex).
@@ -134,6 +149,7 @@ class DocumentStore:
                     attempts=0,
                     created=now,
                     expires=now + timedelta(seconds=expires_after),
+                    queued_since=now,
                 )
             )
             connection.execute(
@@ -183,21 +199,15 @@ class DocumentStore:
     def claim(
         self, worker: str, lease_seconds: float, passed_over: Sequence[str] = ()
     ) -> ClaimedDocument | None:
-        """The oldest job that is queued, or translating under a lease that ran out, now held
-        by `worker`; None when there is none. `passed_over`: ids of jobs not to claim (their
-        pair is not served here now)."""
+        """The job queued longest (since its upload, or since a worker gave it up for its turn),
+        or one translating under a lease that ran out, now held by `worker`; None when there is
+        none. `passed_over`: ids of jobs not to claim (their pair is not served here now)."""
         now = _now()
         with self.database.write() as connection:
-            claimable = or_(
-                document_jobs.c.status == "queued",
-                and_(document_jobs.c.status == "translating", document_jobs.c.lease_expires < now),
-            )
-            if passed_over:
-                claimable = and_(claimable, document_jobs.c.id.not_in(list(passed_over)))
             row = connection.execute(
                 select(document_jobs)
-                .where(claimable)
-                .order_by(document_jobs.c.created)
+                .where(_claimable(now, passed_over))
+                .order_by(document_jobs.c.queued_since)
                 .limit(1)
                 .with_for_update(skip_locked=True)
             ).first()
@@ -318,8 +328,17 @@ class DocumentStore:
             self._set_error(connection, document_id, message)
         return True
 
-    def release(self, document_id: str, worker: str) -> None:
-        """Give a job back to the queue (the server stops): another worker may claim it now."""
+    def release(self, document_id: str, worker: str, to_the_back: bool = False) -> None:
+        """Give a job back to the queue (the server stops): another worker may claim it now.
+        `to_the_back`: its turn is over (others were waiting), so it waits behind them."""
+        values: dict[str, Any] = {
+            "status": "queued",
+            "worker": None,
+            "lease_expires": None,
+            "attempts": document_jobs.c.attempts - 1,
+        }
+        if to_the_back:
+            values["queued_since"] = _now()
         with self.database.write() as connection:
             connection.execute(
                 update(document_jobs)
@@ -328,12 +347,21 @@ class DocumentStore:
                     document_jobs.c.worker == worker,
                     document_jobs.c.status == "translating",
                 )
-                .values(
-                    status="queued",
-                    worker=None,
-                    lease_expires=None,
-                    attempts=document_jobs.c.attempts - 1,
-                )
+                .values(**values)
+            )
+
+    def others_waiting(self, document_id: str, passed_over: Sequence[str] = ()) -> bool:
+        """Whether a job other than this one could be claimed now (see claim)."""
+        with self.database.read() as connection:
+            return (
+                connection.execute(
+                    select(document_jobs.c.id)
+                    .where(
+                        _claimable(_now(), [*passed_over, document_id]),
+                    )
+                    .limit(1)
+                ).first()
+                is not None
             )
 
     def expire(self) -> int:

@@ -138,8 +138,11 @@ document_jobs = Table(
     Column("created", UtcDateTime, nullable=False),
     Column("finished", UtcDateTime, nullable=True),
     Column("expires", UtcDateTime, nullable=False),
+    # The queue's order: the upload, or the last time a worker gave the job up for its turn.
+    Column("queued_since", UtcDateTime, nullable=False),
     Index(None, "status", "created"),
     Index(None, "expires"),
+    Index(None, "status", "queued_since"),
 )
 
 document_files = Table(

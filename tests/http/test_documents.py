@@ -345,6 +345,56 @@ def test_a_server_killed_mid_document_finishes_it_after_a_restart(
 
 
 @pytest.mark.slow
+def test_a_long_document_takes_turns_with_a_short_one_uploaded_after_it(
+    model_dir: Path, logs: Path, tmp_path: Path
+):
+    """One worker, a turn of half a second: a one-line file uploaded while a 120-paragraph one
+    translates is done before it (first come, first served would make it wait for the whole
+    file), and the long one then finishes whole, each paragraph once."""
+    paragraphs = [SENTENCES[i % len(SENTENCES)] for i in range(120)]
+    settings = dict(
+        database_url=own_database(tmp_path),
+        cache_entries=0,  # every chunk runs the model (see the test above)
+        document_chunk_sentences=2,
+        document_poll_seconds=0.2,
+        document_turn_seconds=0.5,
+        document_workers=1,
+        threads=1,
+    )
+    with running_server(model_dir, logs, **settings) as server:
+
+        def upload(name: str, data: bytes) -> dict:
+            return httpx.post(
+                f"{server.url}/v2/document",
+                data={"target_lang": "EN-US", "source_lang": "FR"},
+                files={"file": (name, data)},
+            ).json()
+
+        def status(handle: dict) -> dict:
+            return status_of(server.url, handle)
+
+        long = upload("long.docx", word_file(paragraphs))
+        wait_until(lambda: status(long)["progress"] > 0, 120, "the long file begun", every=0.05)
+        short = upload("short.txt", SENTENCES[1].encode())
+        final = wait_until(
+            lambda: (s := status(short))["status"] in ("done", "error") and s, 120, "short done"
+        )
+        assert final["status"] == "done", final
+        assert status(long)["status"] in ("queued", "translating"), status(long)
+        finished = wait_until(
+            lambda: (s := status(long))["status"] in ("done", "error") and s, 180, "long done"
+        )
+        assert finished["status"] == "done", finished
+        result = httpx.post(
+            f"{server.url}/v2/document/{long['document_id']}/result",
+            json={"document_key": long["document_key"]},
+        )
+        expected = text_api(server.url, SENTENCES)
+        assert paragraphs_of(result.content) == [expected[i % 4] for i in range(120)]
+        assert "document gives up its turn" in server.log()
+
+
+@pytest.mark.slow
 def test_two_servers_on_one_postgresql_share_their_jobs(
     model_dir: Path, logs: Path, postgres_url: str
 ):

@@ -144,3 +144,31 @@ def test_two_workers_claiming_at_once_never_take_the_same_job(store: Store):
     for thread in threads:
         thread.join()
     assert len(claimed) == 6 and len(set(claimed)) == 6
+
+
+def test_a_job_whose_turn_is_over_waits_behind_the_others(store: Store):
+    """Given back `to_the_back`, a job is claimed after those queued before that moment; given
+    back otherwise (the server stops), it keeps its place. Neither counts as an attempt."""
+    first, _ = upload(store)
+    second, _ = upload(store)
+    job = store.documents.claim("w1", lease_seconds=30)
+    assert job is not None and job.document_id == first
+    assert store.documents.others_waiting(first)
+    assert store.documents.save_chunk(first, "w1", 0, ["A"], 3, 30)
+    store.documents.release(first, "w1", to_the_back=True)
+    job = store.documents.claim("w1", lease_seconds=30)
+    assert job is not None and job.document_id == second
+    assert store.documents.others_waiting(second)
+    assert not store.documents.others_waiting(second, passed_over=[first])
+    store.documents.release(second, "w1")  # keeps its place, ahead of the first
+    job = store.documents.claim("w1", lease_seconds=30)
+    assert job is not None and job.document_id == second
+    assert not store.documents.others_waiting(second, passed_over=[first])
+    store.documents.release(second, "w1", to_the_back=True)
+    job = store.documents.claim("w1", lease_seconds=30)
+    assert job is not None and job.document_id == first and job.done == ["A"]
+    assert store.documents.claim("w2", lease_seconds=30).document_id == second
+    # Turns are not attempts: three of them do not fail the job.
+    for _ in range(MAX_ATTEMPTS):
+        store.documents.release(first, "w1", to_the_back=True)
+        assert store.documents.claim("w1", lease_seconds=30).document_id == first
