@@ -459,7 +459,9 @@ class ConstrainedBeamSearch(BeamSearch):
         self.spans: list[tuple[tuple[int, int], ...] | None] = []
         # Per sentence and beam [sentences, K]: the terms written (bit i: term i), the term
         # it is in the middle of (-1: none) and how many of its tokens it has written.
-        self.written = np.zeros((0, beam_size), dtype=np.int64)
+        # `written` holds Python integers (an object array): a sentence may match more terms
+        # than an int64 has bits (64 digits, or a term that is a comma).
+        self.written = np.zeros((0, beam_size), dtype=object)
         self.current = np.zeros((0, beam_size), dtype=np.int64)
         self.matched = np.zeros((0, beam_size), dtype=np.int64)
         # The term each beam's last word ended (-1: none)
@@ -486,7 +488,7 @@ class ConstrainedBeamSearch(BeamSearch):
         self.terms += [tuple(tuple(term) for term in s.constraints) for s in sentences]
         self.spans += [s.constraint_spans or None for s in sentences]
         zeros = np.zeros((count, self.beams), dtype=np.int64)
-        self.written = np.concatenate([self.written, zeros])
+        self.written = np.concatenate([self.written, np.zeros_like(zeros, dtype=object)])
         self.current = np.concatenate([self.current, zeros - 1])
         self.matched = np.concatenate([self.matched, zeros])
         self.just_written = np.concatenate([self.just_written, zeros - 1])

@@ -147,3 +147,15 @@ def test_a_term_kept_as_it_is_comes_out_verbatim(translator) -> None:
     batch.join([sentence(translator, text, [("vélo", "vélo")], 0)])
     found = translator.tokenizer.decode(decode([batch])[0][0].tokens)
     assert "vélo" in found, found
+
+
+def test_a_sentence_may_hold_more_terms_than_an_int64_has_bits(translator) -> None:
+    """80 terms in one sentence (each number kept as it is): every beam's set of written terms
+    outgrows 64 bits. Before, writing term 63 or later overflowed (a 500 for the request)."""
+    numbers = [str(n) for n in range(10, 90)]
+    text = "Il y a " + " ".join(numbers) + " chiens."
+    batch = running_batch(translator.engine, 4, translator.tokenizer.term_words())
+    batch.join([sentence(translator, text, [(n, n) for n in numbers], 0)])
+    hypotheses = decode([batch])[0]
+    # (What the caption model makes of 80 numbers in a row is not the point: that it ends.)
+    assert hypotheses and all(hypothesis.tokens for hypothesis in hypotheses)
