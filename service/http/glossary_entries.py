@@ -114,6 +114,8 @@ def read_entries(
     """The entries of one dictionary (`source_lang` -> `target_lang`, base codes), in the order
     given; InvalidEntries or EntriesTooLarge on the first line that breaks a rule. CPU work in
     proportion to the text: call it off the event loop for a long one."""
+    # A byte order mark is the file's (Excel saves "CSV UTF-8" with one), not the first term's.
+    text = text.removeprefix("\ufeff")
     found = _FORBIDDEN_IN_TEXT.search(text)
     if found is not None:  # before the parser sees it (csv reads a NUL as any character)
         line = text.count("\n", 0, found.start()) + 1

@@ -133,24 +133,47 @@ class GlossaryStore:
         self, owner: str, glossary_id: str, source_lang: str, target_lang: str
     ) -> Dictionary:
         """One language pair's entries, in their order."""
-        source_lang, target_lang = source_lang.lower(), target_lang.lower()
         with self._database.read() as connection:
-            dictionary_id = connection.execute(
-                select(glossary_dictionaries.c.id)
-                .join(glossaries)
-                .where(
-                    glossaries.c.id == glossary_id,
-                    glossaries.c.owner == owner,
-                    glossary_dictionaries.c.source_lang == source_lang,
-                    glossary_dictionaries.c.target_lang == target_lang,
+            return self._dictionary(connection, owner, glossary_id, source_lang, target_lang)
+
+    @staticmethod
+    def _dictionary(
+        connection: Connection, owner: str, glossary_id: str, source_lang: str, target_lang: str
+    ) -> Dictionary:
+        source_lang, target_lang = source_lang.lower(), target_lang.lower()
+        dictionary_id = connection.execute(
+            select(glossary_dictionaries.c.id)
+            .join(glossaries)
+            .where(
+                glossaries.c.id == glossary_id,
+                glossaries.c.owner == owner,
+                glossary_dictionaries.c.source_lang == source_lang,
+                glossary_dictionaries.c.target_lang == target_lang,
+            )
+        ).scalar()
+        if dictionary_id is None:
+            _info(connection, owner, glossary_id)  # GlossaryNotFound, if that is why
+            raise DictionaryNotFound(
+                f"glossary {glossary_id} has no dictionary {source_lang}->{target_lang}"
+            )
+        return Dictionary(source_lang, target_lang, _entries(connection, dictionary_id))
+
+    def versioned_dictionary(
+        self, owner: str, glossary_id: str, source_lang: str, target_lang: str
+    ) -> tuple[int, Dictionary]:
+        """The glossary's version and one pair's entries, read together (one transaction): what
+        a copy kept elsewhere is known by."""
+        with self._database.read() as connection:
+            version = connection.execute(
+                select(glossaries.c.version).where(
+                    glossaries.c.id == glossary_id, glossaries.c.owner == owner
                 )
             ).scalar()
-            if dictionary_id is None:
-                _info(connection, owner, glossary_id)  # GlossaryNotFound, if that is why
-                raise DictionaryNotFound(
-                    f"glossary {glossary_id} has no dictionary {source_lang}->{target_lang}"
-                )
-            return Dictionary(source_lang, target_lang, _entries(connection, dictionary_id))
+            if version is None:
+                raise GlossaryNotFound(glossary_id)
+            return version, self._dictionary(
+                connection, owner, glossary_id, source_lang, target_lang
+            )
 
     def version(self, owner: str, glossary_id: str) -> int:
         """The glossary's version (GlossaryInfo.version) alone: one row by its key, cheap

@@ -482,6 +482,15 @@ def test_the_entry_limit_names_the_line_one_too_many():
     assert read_entries("a\t1\nb\t2\nc\t3", "tsv", "fr", "en", LIMITS)[-1] == ("c", "3")
 
 
+def test_a_byte_order_mark_at_the_start_is_the_files_not_the_first_terms():
+    """Excel saves "CSV UTF-8" with one: the first term is "chien", not "\ufeffchien"."""
+    for text, entries_format in (
+        ("\ufeffchien\thound\nchat\tcat", "tsv"),
+        ("\ufeffchien,hound", "csv"),
+    ):
+        assert read_entries(text, entries_format, "fr", "en", LIMITS)[0] == ("chien", "hound")
+
+
 def test_a_lone_surrogate_is_refused():
     with pytest.raises(InvalidEntries, match="surrogate"):
         read_entries("a\ud800\tb", "tsv", "fr", "en", LIMITS)
