@@ -240,6 +240,24 @@ def test_control_characters_are_read_as_spaces(client: TestClient):
     assert noisy["translations"] == plain["translations"]
 
 
+@pytest.mark.parametrize(
+    "noisy",
+    [
+        "\u202eUn homme marche dans la rue.\u202c",  # a right-to-left override
+        "\u2068Un homme marche\u2069 dans la rue.",  # an isolate
+        "Un hom\u00adme marche dans la rue.",  # a soft hyphen
+        "Un\u2060homme marche dans la rue.",  # a word joiner
+        "Un homme\ufeff marche dans la rue.",  # a zero-width no-break space
+        "\u2067Un homme\u200f marche\u2069 dans la\u202a rue.\u202c",
+    ],
+)
+def test_invisible_formatting_is_not_read(client: TestClient, noisy: str):
+    """Bidi controls, soft hyphens and joiners say how text is shown: the translation is the
+    plain text's (before, "A shockcking man oped man walks." for an isolate)."""
+    plain = native(client, "Un homme marche dans la rue.").json()["translations"]
+    assert native(client, noisy).json()["translations"] == plain
+
+
 def tokenize(client: TestClient, sentences: list[str]) -> list[list[int]]:
     model = client.app.state.service.registry.get("fr", "en")
     return model.translator.tokenizer.encode(sentences)
