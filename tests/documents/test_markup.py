@@ -53,21 +53,30 @@ class _Balance(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.starts: list[str] = []
+        self.parents: list[tuple[str, str]] = []  # (start tag, its parent's start tag or "")
         self.comments: list[str] = []
         self.stack: list[str] = []
+        self.open: list[str] = []  # the start tags of self.stack
         self.balanced = True
 
     def handle_starttag(self, tag: str, attrs: object) -> None:
-        self.starts.append(self.get_starttag_text() or "")
+        start = self.get_starttag_text() or ""
+        self.starts.append(start)
+        self.parents.append((start, self.open[-1] if self.open else ""))
         if tag not in self.VOID:
             self.stack.append(tag)
+            self.open.append(start)
 
     def handle_startendtag(self, tag: str, attrs: object) -> None:
-        self.starts.append(self.get_starttag_text() or "")
+        start = self.get_starttag_text() or ""
+        self.starts.append(start)
+        self.parents.append((start, self.open[-1] if self.open else ""))
 
     def handle_endtag(self, tag: str) -> None:
         if not self.stack or self.stack.pop() != tag:
             self.balanced = False
+        elif self.open:
+            self.open.pop()
 
     def handle_comment(self, data: str) -> None:
         self.comments.append(data)
@@ -81,10 +90,12 @@ def read_html(text: str) -> _Balance:
 
 
 def assert_same_markup(source: str, output: str) -> None:
-    """Well-formed, the same start tags (byte for byte, as a multiset) and comments."""
+    """Well-formed, the same start tags (byte for byte, as a multiset), each inside the same
+    parent, and the same comments."""
     got, want = read_html(output), read_html(source)
     assert got.balanced and not got.stack, output
     assert Counter(got.starts) == Counter(want.starts), output
+    assert Counter(got.parents) == Counter(want.parents), output
     assert Counter(got.comments) == Counter(want.comments), output
 
 
@@ -206,6 +217,18 @@ def test_crossing_alignments_still_nest_and_keep_every_tag_once():
     assert output.replace("<b>", "").replace("</b>", "").replace("<i>", "").replace("</i>", "") == (
         "ONE THREE TWO FOUR"
     )
+
+
+def test_side_by_side_tags_stay_side_by_side_whatever_the_alignment():
+    """Two links whose words the alignment mixes: each keeps its own words it can, neither goes
+    inside the other (a link inside a link is not HTML, and the second would change parent)."""
+    source = "Un homme marche."
+    output = write(
+        '<a href="/1">Un homme</a><a href="/2">marche.</a>',
+        fake(source, "A man is walking.", [0, 2, 1, 2]),
+    )
+    assert_same_markup('<a href="/1">x</a><a href="/2">y</a>', output)
+    assert "</a></a>" not in output
 
 
 def test_points_keep_their_place_and_their_spacing():

@@ -18,7 +18,8 @@ How, the way Bergamot carries HTML:
    pipeline with alignment on: every sentence comes back with its hard word alignment, the
    decoder's cross-attention (the same as `return_alignment`).
 4. **Place**: each span goes around the target words aligned to the source words it wrapped
-   (the smallest stretch that holds them), inside its parent, never crossing another span;
+   (the smallest stretch that holds them), inside its parent and apart from every span that
+   is not its ancestor (as in the source: siblings never nest);
    each point goes to the place that best separates the target words aligned before it from
    those aligned after it. Where the alignment says nothing (no target word aligned to a span's
    words, or a sentence without alignment), the relative position in the sentence decides.

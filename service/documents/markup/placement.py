@@ -10,18 +10,22 @@ from service.documents.markup.target import Target
 
 
 def place_spans(run: Run, target: Target) -> list[tuple[int, int]]:
-    """[first, end) target words of each span: laminar (two spans are nested or apart), each
-    inside its parent's."""
+    """[first, end) target words of each span: inside its parent's, and apart from every span
+    that is not its ancestor, as in the source. (Nested in a sibling, a span would change
+    parent: two links side by side came back as a link inside a link, which is not HTML.)"""
     placed: list[tuple[int, int]] = []
-    for span in run.spans:
+    for index, span in enumerate(run.spans):
         low, high = (0, len(target.words)) if span.parent is None else placed[span.parent]
-        placed.append(_place_span(span.words, low, high, placed, target))
+        ancestors = set(_ancestors(run, span.parent))
+        others = [placed[i] for i in range(index) if i not in ancestors]
+        placed.append(_place_span(span.words, low, high, others, target))
     return placed
 
 
 def _place_span(
-    wrapped: range, low: int, high: int, placed: list[tuple[int, int]], target: Target
+    wrapped: range, low: int, high: int, others: list[tuple[int, int]], target: Target
 ) -> tuple[int, int]:
+    """The span's stretch in [low, high], apart from the `others` placed before it."""
     if low >= high:
         return (low, low)
     hits = [t for t in range(low, high) if target.links[t] in wrapped]
@@ -31,11 +35,11 @@ def _place_span(
         wanted = target.reach(wrapped, core[0], core[-1] + 1, low, high)
     else:
         wanted = _unaligned_span(wrapped, low, high, target)
-    crossed = [other for other in placed if not _laminar(wanted, other)]
+    crossed = [other for other in others if not _apart(wanted, other)]
     if not crossed:
         return wanted
-    # It would cross a span placed before it: of the stretches that do not, take the one with
-    # the most of its words and the fewest others, then the nearest to what it wanted.
+    # It would overlap a span placed before it: of the stretches that do not, take the one
+    # with the most of its words and the fewest others, then the nearest to what it wanted.
     ends = sorted(
         {low, high, *wanted, *(e for other in crossed for e in other if low <= e <= high)}
     )
@@ -51,9 +55,15 @@ def _place_span(
         (a, b)
         for a in ends
         for b in ends
-        if a < b and all(_laminar((a, b), other) for other in placed)
+        if a < b and all(_apart((a, b), other) for other in others)
     ]
-    return max(candidates, key=score, default=(low, high))
+    if candidates:
+        return max(candidates, key=score)
+    # Every word it could hold is another's: empty, where it wanted to start (or the nearest
+    # place that is not inside another span).
+    free = [k for k in ends if all(_apart((k, k), other) for other in others)]
+    start = min(free, key=lambda k: abs(k - wanted[0]), default=low)
+    return (start, start)
 
 
 def _unaligned_span(wrapped: range, low: int, high: int, target: Target) -> tuple[int, int]:
@@ -67,9 +77,15 @@ def _unaligned_span(wrapped: range, low: int, high: int, target: Target) -> tupl
     return (first, min(max(target.project(wrapped.stop), first + 1), high))
 
 
-def _laminar(one: tuple[int, int], other: tuple[int, int]) -> bool:
+def _apart(one: tuple[int, int], other: tuple[int, int]) -> bool:
+    """Neither holds the other's words, nor would be written inside it: an empty span at
+    another's start is opened after it (writing.py opens the longer first), so inside it."""
     (a, b), (c, d) = one, other
-    return b <= c or d <= a or (a <= c and d <= b) or (c <= a and b <= d)
+    if c == d:  # an empty span placed before: only one starting inside it would hold it
+        return not (a < c < b)
+    if a == b:
+        return a < c or d <= a
+    return b <= c or d <= a
 
 
 def place_points(run: Run, target: Target, placed: list[tuple[int, int]]) -> list[int]:

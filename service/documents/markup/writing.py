@@ -41,16 +41,11 @@ def render_run(run: Run, target: Target) -> str:
         _span_out(span, stretch, run, target)
         for span, stretch in zip(run.spans, placed, strict=True)
     ]
-    # Nest by word stretches: a parent (or, for the same stretch, the element first in the
-    # source) before its children.
-    stack: list[tuple[tuple[int, int], _Out]] = [((0, len(target.words)), root)]
-    for index in sorted(range(len(placed)), key=lambda i: (placed[i][0], -placed[i][1], i)):
-        a, b = placed[index]
-        while len(stack) > 1 and not (stack[-1][0][0] <= a and b <= stack[-1][0][1]):
-            stack.pop()
-        stack[-1][1].children.append(spans[index])
-        if spans[index].element is not None:  # what is copied as it is holds nothing
-            stack.append((placed[index], spans[index]))
+    # Each span in its parent, as in the source (placement keeps it inside its parent's words
+    # and apart from the others'); an element copied as it is holds nothing of its own.
+    for span, out in zip(run.spans, spans, strict=True):
+        holder = root if span.parent is None else spans[span.parent]
+        holder.children.append(out)
     for point, k in zip(run.points, place_points(run, target, placed), strict=True):
         at, raw = _point_out(point, k, run, target)
         holder = root if point.parent is None else spans[point.parent]
