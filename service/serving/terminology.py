@@ -1,9 +1,12 @@
 """A glossary's terms found in a sentence, and what the decoder must then write.
 
-A source term matches where its words appear in the text in a row: case-insensitively (by
-`str.casefold`), on word boundaries (a word is a run of letters and digits; every other
-non-space character is a word of its own, so "l'herbe" holds "herbe"), longest match first,
-and the earliest start wins an overlap. What a match asks of the decoder is a constraint: the
+A source term matches where its words appear in the text in a row: case-insensitively and
+whatever the Unicode form (words compared by NFKC and `str.casefold`, as the tokenizer reads
+text: "café" written with a combining accent is "café", a fullwidth "ｃｈｉｅｎ" is "chien"), on
+word boundaries (a word is a run of letters, digits and combining marks, so that neither an
+accent nor a Devanagari vowel sign splits one; every other non-space character is a word of
+its own, so "l'herbe" holds "herbe"), longest match first, and the earliest start wins an
+overlap. What a match asks of the decoder is a constraint: the
 target term's tokens, and the source tokens it translates (so that it is written where the
 decoder looks at them: runtime/strategies.ConstrainedBeamSearch).
 
@@ -14,13 +17,34 @@ terms are indexed by their first word.
 from __future__ import annotations
 
 import re
+import sys
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from service.runtime.tokenizer import BundleTokenizer
 from service.serving.errors import InvalidInput
 
-WORD = re.compile(r"\w+|[^\w\s]")
+
+def _ranges(characters: Iterable[int]) -> str:
+    """A regular expression's character class body for these code points, as ranges."""
+    found: list[list[int]] = []
+    for code in characters:
+        if found and code == found[-1][1] + 1:
+            found[-1][1] = code
+        else:
+            found.append([code, code])
+    return "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in found)
+
+
+# Combining marks (Unicode category M): part of the word they follow.
+_MARKS = _ranges(c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c))[0] == "M")
+WORD = re.compile(rf"[\w{_MARKS}]+|[^\w\s{_MARKS}]")
+
+
+def _compared(word: str) -> str:
+    """A word as matches compare it: its compatibility form, case folded."""
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", word).casefold())
 
 
 @dataclass(frozen=True)
@@ -32,7 +56,7 @@ class TermMatch:
 
 
 def _words(text: str) -> list[tuple[str, int, int]]:
-    return [(m.group().casefold(), m.start(), m.end()) for m in WORD.finditer(text)]
+    return [(_compared(m.group()), m.start(), m.end()) for m in WORD.finditer(text)]
 
 
 class Terminology:
@@ -116,6 +140,7 @@ def sentence_terms(
 
 
 def kept(translation: str, targets: Iterable[str]) -> int:
-    """How many of the target terms the translation contains (case-insensitively)."""
-    folded = translation.casefold()
-    return sum(target.casefold() in folded for target in targets)
+    """How many of the target terms the translation contains (case-insensitively, whatever the
+    Unicode form: the tokenizer writes a term in its compatibility form)."""
+    folded = _compared(translation)
+    return sum(_compared(target) in folded for target in targets)

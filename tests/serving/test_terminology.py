@@ -3,6 +3,7 @@ earliest start winning an overlap (service/serving/terminology.py)."""
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,23 @@ def test_terms_match_whole_words_in_any_case() -> None:
     assert found(entries, "Le Chien et le CHAT.") == [("Chien", "hound"), ("CHAT", "feline")]
     assert found(entries, "Les chiens et les chatons.") == []  # not inside a longer word
     assert found(entries, "Un chien-loup.") == [("chien", "hound")]  # a hyphen ends a word
+
+
+def test_terms_match_whatever_the_unicode_form() -> None:
+    """The tokenizer reads text in its compatibility form (NFKC): so does the matching. A
+    combining accent belongs to its word, and so does a Devanagari vowel sign."""
+    nfc, nfd = "Un café noir.", unicodedata.normalize("NFD", "Un café noir.")
+    assert found([("café", "coffee")], nfd) == [(nfd[3:8], "coffee")]
+    assert found([(unicodedata.normalize("NFD", "café"), "coffee")], nfc) == [("café", "coffee")]
+    assert found([("cafe", "wrong")], nfd) == []  # "café" is not "cafe" + an accent
+    assert found([("chien", "hound")], "Un ｃｈｉｅｎ.") == [("ｃｈｉｅｎ", "hound")]
+    hindi = "यह किताबें हैं, यह किताब है।"  # "books", then "book"
+    assert found([("किताब", "book")], hindi) == [("किताब", "book")]
+    assert hindi.index("किताब है") == found_at([("किताब", "book")], hindi)[0]
+
+
+def found_at(entries: list[tuple[str, str]], text: str) -> list[int]:
+    return [m.start for m in Terminology(entries).find(text)]
 
 
 def test_elided_articles_do_not_hide_a_term() -> None:
@@ -53,6 +71,8 @@ def test_a_large_glossary_is_looked_up_by_first_word() -> None:
 
 def test_kept_counts_the_targets_a_translation_contains() -> None:
     assert kept("A Hound runs on the turf.", ["hound", "turf", "feline"]) == 2
+    # As the tokenizer writes them: in their compatibility form.
+    assert kept("A DžLjdog and a dog in.", ["ǅǈ𝔡𝔬𝔤", "dog\u00a0in"]) == 2
 
 
 @pytest.fixture(scope="module")
