@@ -216,6 +216,7 @@ def confidence_body(confidence: SentenceConfidence | None, label: str | None) ->
     body: dict[str, Any] = {"raw": confidence.raw}
     if confidence.sentence is not None:
         body = {"sentence": confidence.sentence, **body, "label": label}
+    body["truncated"] = confidence.truncated
     body["words"] = [
         {"word": w.word, "confidence": w.confidence}
         | ({} if w.doubtful is None else {"doubtful": w.doubtful})

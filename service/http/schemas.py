@@ -329,6 +329,11 @@ class Confidence(BaseModel):
     )
     raw: float = Field(description="the mean log-prob of the produced tokens (</s> included)")
     label: str | None = Field(None, description="what 'good' means for this model's calibration")
+    truncated: bool = Field(
+        False,
+        description="the length limit (max_length, or 1.5x the source plus 10) cut a sentence "
+        "before it ended: its confidence is 0",
+    )
     words: list[WordConfidence]
 
     @classmethod
@@ -337,6 +342,7 @@ class Confidence(BaseModel):
             sentence=found.sentence,
             raw=found.raw,
             label=label if found.sentence is not None else None,
+            truncated=found.truncated,
             words=[WordConfidence(**vars(word)) for word in found.words],
         )
 

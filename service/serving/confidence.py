@@ -298,6 +298,10 @@ class SentenceConfidence:
     sentence: float | None  # calibrated; None without a calibration
     raw: float  # the mean token log-prob (</s> included)
     words: list[WordConfidence]
+    # The length limit (max_length, or 1.5x the source plus 10) cut the translation before it
+    # ended: it is not a translation of the whole sentence, whatever its words' probabilities
+    # (a cut translation's first words are often the surest), and its confidence is 0.
+    truncated: bool = False
 
 
 def word_confidences(
@@ -344,20 +348,24 @@ def sentence_confidence(
     *,
     source_ids: Sequence[int],
     output_ids: Sequence[int],
+    truncated: bool = False,
 ) -> SentenceConfidence:
     """A sentence's answer: calibrated confidence (when the bundle has a calibration for this
-    search), raw score and words. `pieces`/`token_log_probs`: its produced tokens without the
-    forced first token and without </s>; `output_ids` those tokens, `source_ids` what the
-    encoder read (a lexicon reads both)."""
+    search; 0 for a translation the length limit cut), raw score and words.
+    `pieces`/`token_log_probs`: its produced tokens without the forced first token and without
+    </s>; `output_ids` those tokens, `source_ids` what the encoder read (a lexicon reads both)."""
     chosen = calibration.searches.get(search) if calibration is not None else None
     sentence = (
         None if chosen is None else round(chosen.confidence(features, source_ids, output_ids), 4)
     )
+    if sentence is not None and truncated:
+        sentence = 0.0
     threshold = None if chosen is None else calibration.word_threshold
     return SentenceConfidence(
         sentence,
         round(features["mean_log_prob"], 4),
         word_confidences(pieces, token_log_probs, threshold),
+        truncated,
     )
 
 
@@ -371,6 +379,7 @@ def text_confidence(sentences: list[SentenceConfidence]) -> SentenceConfidence:
         None if None in calibrated else round(float(np.mean(calibrated)), 4),
         round(float(np.mean([s.raw for s in sentences])), 4),
         [word for s in sentences for word in s.words],
+        any(s.truncated for s in sentences),
     )
 
 
@@ -381,7 +390,9 @@ def through_pivot(first: SentenceConfidence, second: SentenceConfidence) -> Sent
     both = None
     if first.sentence is not None and second.sentence is not None:
         both = round(first.sentence * second.sentence, 4)
-    return SentenceConfidence(both, round(first.raw + second.raw, 4), second.words)
+    return SentenceConfidence(
+        both, round(first.raw + second.raw, 4), second.words, first.truncated or second.truncated
+    )
 
 
 # --- what a calibration is fitted on ------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from nmt_contract import Hypothesis
+from nmt_contract import Hypothesis, length_limit
 from service.runtime.search import SearchOptions
 from service.runtime.tokenizer import BundleTokenizer
 from service.serving.cache import TranslationCache
@@ -562,6 +562,8 @@ def _confidence(
     tokens, log_probs, skip_first = words_of(best, options.first_token)
     features = sentence_features(best, hypotheses[1:], len(source), skip_first)
     beams = options.beam_size if not with_terms else max(options.beam_size, TERM_BEAMS)
+    # No room was left for </s>: the limit, not the model, ended it.
+    limit = length_limit(len(source), options.max_length, model.translator.engine.max_positions)
     return sentence_confidence(
         model.calibration,
         search_of(beams),
@@ -570,6 +572,7 @@ def _confidence(
         log_probs,
         source_ids=source,
         output_ids=tokens,
+        truncated=len(best.tokens) >= limit,
     )
 
 

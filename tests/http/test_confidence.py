@@ -85,6 +85,23 @@ def test_a_text_of_several_sentences_has_their_mean_and_all_their_words(client: 
     assert len(joined["confidence"]["words"]) == sum(len(t["confidence"]["words"]) for t in each)
 
 
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_translation_the_length_limit_cut_has_confidence_zero(client: TestClient, beam_size):
+    """ "A man in" for a sentence of fifteen words is not its translation, however sure the
+    decoder was of those three (before: 0.9)."""
+    long = "Un homme en chemise bleue est assis sur une chaise devant une maison rouge."
+    cut = native(client, long, max_length=3, beam_size=beam_size, return_confidence=True)
+    cut_confidence = cut["translations"][0]["confidence"]
+    assert len(cut["translations"][0]["text"].split()) <= 3
+    assert cut_confidence["truncated"] is True and cut_confidence["sentence"] == 0.0
+    whole = native(client, long, beam_size=beam_size, return_confidence=True)
+    assert whole["translations"][0]["confidence"]["truncated"] is False
+    assert whole["translations"][0]["confidence"]["sentence"] > 0.0
+    # A text holding a cut sentence says so; its confidence is the mean of its sentences'.
+    text = native(client, f"Un chien dort. {long}", max_length=3, return_confidence=True)
+    assert text["translations"][0]["confidence"]["truncated"] is True
+
+
 def test_a_model_without_a_calibration_gives_the_raw_score_only(client: TestClient):
     found = native(client, SENTENCES[0], target="de", return_confidence=True)["translations"][0]
     confidence = found["confidence"]
