@@ -369,7 +369,12 @@ class BeamSearch(SearchStrategy):
         batch.keep(kept, rows, tokens)
         if batch.sentences:  # feed: the tokens, in the rows' new order
             batch.sequences = np.concatenate([batch.sequences, batch.feed[:, None]], axis=1)
+            self._substitute(batch)
         return leaving
+
+    def _substitute(self, batch: RunningBatch) -> None:
+        """Where the decoder is to read another token than the one its row wrote: batch.feed
+        [rows], in place. Beam search reads what it writes."""
 
     def _finish(
         self,
@@ -648,6 +653,32 @@ class ConstrainedBeamSearch(BeamSearch):
                     again = np.isin(words[j, beam], self._family(int(self._best[row])))
                     candidates[j, beam] = np.where(again, -np.inf, candidates[j, beam])
         return candidates
+
+    def _substitute(self, batch: RunningBatch) -> None:
+        # A beam that has just written a one-word term reads, as its last token, the word the
+        # model wanted where the term started: the decoder then goes on as after its own word
+        # ("A dog" -> "is running") while the output holds the term ("A hound is running").
+        # Read as written, the term left the model wanting to translate its source again: that
+        # word banned (above), it skipped what came next instead ("A hound." for "Un chien
+        # court."). A term of several words is read as written: its last word is not the
+        # displaced one's place ("crimson hat" for "chapeau rouge": "red" would come back).
+        # Only a word (not </s>, punctuation or the middle of a word) stands in for a term.
+        if not self.any_terms or self.words is None:
+            return
+        eos = batch.engine.eos_id
+        for j, terms in enumerate(self.terms):
+            for beam in np.flatnonzero(self.just_written[j] >= 0):
+                term = int(self.just_written[j, beam])
+                displaced = int(self.displaced[j][beam, term])
+                words = sum(1 for token in terms[term] if not self.words.continues_word[token])
+                if (
+                    words == 1
+                    and displaced >= 0
+                    and displaced != eos
+                    and not self.words.continues_word[displaced]
+                    and not self._is_punctuation(displaced)
+                ):
+                    batch.feed[j * self.beams + beam] = displaced
 
     def _is_punctuation(self, word: int) -> bool:
         piece = self.words.pieces[int(word)]

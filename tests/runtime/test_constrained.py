@@ -159,3 +159,17 @@ def test_a_sentence_may_hold_more_terms_than_an_int64_has_bits(translator) -> No
     hypotheses = decode([batch])[0]
     # (What the caption model makes of 80 numbers in a row is not the point: that it ends.)
     assert hypotheses and all(hypothesis.tokens for hypothesis in hypotheses)
+
+
+@pytest.mark.parametrize(
+    "text", ["Un chien court.", "Un chien court dans le parc.", "Le chien court dans la rue."]
+)
+def test_the_words_after_a_one_word_term_are_translated(translator, text: str) -> None:
+    """After "hound" the decoder reads "dog", the word the model wanted there: it goes on with
+    the verb. (Reading "hound", it wanted to translate "chien" again, and with that word
+    banned it skipped the verb: "A hound." for "Un chien court.")"""
+    batch = running_batch(translator.engine, 4, translator.tokenizer.term_words())
+    batch.join([sentence(translator, text, [("chien", "hound")], 0)])
+    found = translator.tokenizer.decode(decode([batch])[0][0].tokens)
+    assert "hound" in found.lower().split(), found
+    assert any("run" in word for word in found.lower().split()), found  # the verb is there
