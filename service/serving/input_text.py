@@ -57,6 +57,11 @@ def model_input(sentence: str) -> str:
     return _SYMBOL_RUN.sub(lambda run: run.group(1) * SYMBOL_RUN_KEPT, visible)
 
 
+def model_offset(sentence: str, at: int) -> int:
+    """Where character `at` of the sentence is in model_input(sentence)."""
+    return len(model_input(sentence[: max(at, 0)]))
+
+
 def has_letters(sentence: str) -> bool:
     """Is there anything for the model to translate? (Any letter of any script.)"""
     return any(character.isalpha() for character in sentence)

@@ -47,7 +47,7 @@ from service.serving.errors import (
     TranslationFailed,
     UnknownPair,
 )
-from service.serving.input_text import clean_text, has_letters, model_input
+from service.serving.input_text import clean_text, has_letters, model_input, model_offset
 from service.serving.language_id import Detection, LanguageDetector
 from service.serving.lifecycle import Lifecycle
 from service.serving.loop import SentenceFailed
@@ -236,6 +236,7 @@ class TranslationService:
         alignment_weights: bool = True,
         terminology: Terminology | None = None,
         background: bool = False,
+        untranslated: list[list[tuple[int, int]]] | None = None,
     ) -> RequestResult:
         """The texts translated. `background`: a document's chunk, decoded in the room that
         interactive requests leave (service/serving/queue.py), under the document deadline
@@ -245,7 +246,9 @@ class TranslationService:
         weights (capped by NMT_MAX_ALIGNMENT_WEIGHTS, AlignmentTooLarge past it) unless
         `alignment_weights` is False, for callers that read only the word alignment. With a
         `terminology` (a glossary's entries), its terms found in a sentence are written in
-        its translation (terminology.py, runtime/strategies.ConstrainedBeamSearch).
+        its translation (terminology.py, runtime/strategies.ConstrainedBeamSearch), except
+        in a text's `untranslated` stretches [start, end) (with split "none": words that the
+        client's markup leaves untranslated, read by the model and copied as they are).
 
         The model is held (ModelRegistry.lease) until the answer is assembled: a version
         retired meanwhile (a reload) finishes this request before it is unloaded. A Pivot's
@@ -263,7 +266,15 @@ class TranslationService:
             )
         with self.registry.lease(model) as held:
             return await self._translate(
-                held, texts, options, client_gone, split, alignment_weights, terminology, background
+                held,
+                texts,
+                options,
+                client_gone,
+                split,
+                alignment_weights,
+                terminology,
+                background,
+                untranslated,
             )
 
     async def _through(
@@ -317,6 +328,7 @@ class TranslationService:
         alignment_weights: bool,
         terminology: Terminology | None,
         background: bool,
+        untranslated: list[list[tuple[int, int]]] | None = None,
     ) -> RequestResult:
         characters = sum(len(text) for text in texts)
         quota = self.settings.character_limit
@@ -331,7 +343,9 @@ class TranslationService:
         # paragraph at least: a paragraph of many sentences is still one chunk.
         limit = self.settings.max_sentences_per_request if not background else 1 << 30
         with self.tracing.span("nmt.prepare", model):
-            prepared = await off_loop(characters, _prepare, model, texts, limit, split, terminology)
+            prepared = await off_loop(
+                characters, _prepare, model, texts, limit, split, terminology, untranslated
+            )
         decoding = decoding_options(options)
         hypotheses = await self._run(model, prepared, decoding, deadline, client_gone, background)
         weights = 0
@@ -501,7 +515,10 @@ def _prepare(
     max_sentences: int,
     split: SplitMode = "sentences",
     terminology: Terminology | None = None,
+    untranslated: list[list[tuple[int, int]]] | None = None,
 ) -> _Prepared:
+    if untranslated is not None and split != "none":
+        raise ValueError("untranslated stretches are a text's one sentence's (split 'none')")
     splits: list[SplitText] = []
     count = 0
     for index, text in enumerate(texts):
@@ -512,6 +529,7 @@ def _prepare(
     sentences: list[str] = []
     owners: list[int] = []
     slots: list[list[int | None]] = []
+    stretches: list[list[tuple[int, int]]] = []  # per sentence, untranslated, in model input
     for text_index, split in enumerate(splits):
         slots.append([])
         for sentence in split.sentences:
@@ -521,6 +539,15 @@ def _prepare(
             slots[-1].append(len(sentences))
             sentences.append(model_input(sentence))
             owners.append(text_index)
+            if untranslated is not None:  # (the text less its leading whitespace: split_text)
+                cleaned = clean_text(texts[text_index], text_index)
+                shift = len(cleaned) - len(cleaned.lstrip())
+                stretches.append(
+                    [
+                        (model_offset(sentence, a - shift), model_offset(sentence, b - shift))
+                        for a, b in untranslated[text_index]
+                    ]
+                )
     tokenizer = model.translator.tokenizer
     sources = tokenizer.encode(sentences, model.source_lang) if sentences else []
     limit = model.max_tokens_per_sentence
@@ -533,8 +560,14 @@ def _prepare(
     if terminology is not None and len(terminology):
         tokenizer = model.translator.tokenizer
         terms = [
-            sentence_terms(tokenizer, terminology, sentence, model.source_lang)
-            for sentence in sentences
+            sentence_terms(
+                tokenizer,
+                terminology,
+                sentence,
+                model.source_lang,
+                stretches[position] if stretches else (),
+            )
+            for position, sentence in enumerate(sentences)
         ]
     return _Prepared(splits, sources, owners, slots, terms)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import sys
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from service.runtime.tokenizer import BundleTokenizer
@@ -110,15 +110,22 @@ def sentence_terms(
     terminology: Terminology,
     sentence: str,
     source_lang: str | None = None,
+    untranslated: Sequence[tuple[int, int]] = (),
 ) -> SentenceTerms | None:
     """What the glossary terms in `sentence` ask of the decoder (None: it has none): each
-    target term's tokens, and the source tokens of encode([sentence]) it translates.
+    target term's tokens, and the source tokens of encode([sentence]) it translates. A match
+    that overlaps an `untranslated` stretch [start, end) of the sentence (words the client
+    left untranslated in its markup, which come back as they were) asks for nothing.
 
     A match that no source piece covers (characters the tokenizer drops, such as a zero-width
     space ending the text) is no term of the sentence the model reads: it is left out. A
     target term of which the tokenizer keeps nothing (a zero-width space, a byte-order mark,
     SentencePiece's own "▁") cannot be written: InvalidInput, naming the entry."""
-    matches = terminology.find(sentence)
+    matches = [
+        match
+        for match in terminology.find(sentence)
+        if not any(match.start < end and start < match.end for start, end in untranslated)
+    ]
     if not matches:
         return None
     spans = tokenizer.source_spans(sentence, [(m.start, m.end) for m in matches], source_lang)

@@ -112,3 +112,50 @@ def test_the_native_api_takes_a_glossary_id_or_inline_terms(server: Server) -> N
     assert both.status_code == 422
     plain = native(server, {})
     assert "glossary_terms" not in plain.json()["usage"]
+
+
+@pytest.mark.parametrize(
+    ("marked", "tag_handling", "extra"),
+    [
+        ('Le <span translate="no">chien</span> court dans la rue.', "html", {}),
+        ('Le <span class="notranslate">chien</span> court dans la rue.', "html", {}),
+        ("Le <keep>chien</keep> court dans la rue.", "xml", {"ignore_tags": ["keep"]}),
+    ],
+)
+def test_a_term_in_words_left_untranslated_is_not_written(
+    server: Server, marked: str, tag_handling: str, extra: dict
+) -> None:
+    """The element comes back as it was, "chien" and all: the term written beside it made the
+    dog twice ("The hound <span translate="no">chien</span> is running"). The same term
+    outside such an element is written."""
+    client = deepl_client(server)
+    glossary = client.create_glossary("dogs", "FR", "EN", {"chien": "hound"})
+    found = client.translate_text(
+        [marked, "Le chien court dans la rue."],
+        source_lang="FR",
+        target_lang="EN-GB",
+        glossary=glossary,
+        tag_handling=tag_handling,
+        **extra,
+    )
+    assert "chien" in found[0].text and "hound" not in found[0].text.lower(), found[0].text
+    assert "hound" in found[1].text.lower(), found[1].text
+    # Nor is it counted as a term asked for and lost (nmt_glossary_terms_kept_ratio would
+    # observe 0 for the first text alone: an alert about terms being lost).
+    before = terms_kept_observed(server)
+    client.translate_text(
+        marked, source_lang="FR", target_lang="EN-GB", glossary=glossary,
+        tag_handling=tag_handling, **extra,
+    )  # fmt: skip
+    assert terms_kept_observed(server) == before
+
+
+def terms_kept_observed(server: Server) -> tuple[float, float]:
+    """nmt_glossary_terms_kept_ratio's count and sum, over every model."""
+    count = total = 0.0
+    for line in httpx.get(f"{server.url}/metrics", timeout=60).text.splitlines():
+        if line.startswith("nmt_glossary_terms_kept_ratio_count"):
+            count += float(line.split()[-1])
+        elif line.startswith("nmt_glossary_terms_kept_ratio_sum"):
+            total += float(line.split()[-1])
+    return count, total

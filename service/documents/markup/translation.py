@@ -4,6 +4,7 @@ and the documents written with the answer."""
 from __future__ import annotations
 
 import html
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
@@ -63,8 +64,13 @@ async def translate(
         texts = await off_loop(size, write, documents, [], executor=MARKUP_THREAD)
         return MarkupResult(texts, 0, 0, 0)
     options = replace(options, alignment=True, n_best=1)
+    untranslated = None
+    if terminology is not None:
+        untranslated = await off_loop(
+            size, untranslated_stretches, documents, executor=MARKUP_THREAD
+        )
     result = await _translate_sentences(
-        service, model, sources, owners, options, client_gone, terminology, background
+        service, model, sources, owners, options, client_gone, terminology, background, untranslated
     )
     found = from_pipeline(result)
     texts = await off_loop(size, write, documents, found, executor=MARKUP_THREAD)
@@ -91,6 +97,32 @@ def model_sentences(documents: list[Document]) -> tuple[list[str], list[int]]:
         sources += document.model_sentences
         owners += [owner] * len(document.model_sentences)
     return sources, owners
+
+
+def untranslated_stretches(documents: list[Document]) -> list[list[tuple[int, int]]]:
+    """For each of model_sentences()'s sentences, the stretches [start, end) of it that the
+    elements the client left untranslated hold: the model reads their words, but a glossary
+    term there would be written beside them as they are copied ("The hound <span
+    translate="no">chien</span> is running")."""
+    found = []
+    for document in documents:
+        for run in document.runs:
+            if not run.needs_model:
+                continue
+            # In source order, apart from each other (an untranslated element's own
+            # elements are not spans): their starts and ends both ascend.
+            opaque = [(span.start, span.end) for span in run.spans if span.opaque]
+            ends = [end for _, end in opaque]
+            for start, end in run.sentences:
+                if not has_letters(run.text[start:end]):
+                    continue
+                stretches = []
+                for a, b in opaque[bisect_right(ends, start) :]:
+                    if a >= end:
+                        break
+                    stretches.append((max(a, start) - start, min(b, end) - start))
+                found.append(stretches)
+    return found
 
 
 def write(documents: list[Document], translations: list[SentenceTranslation]) -> list[str]:
@@ -135,6 +167,7 @@ async def _translate_sentences(
     client_gone: Callable[[], Awaitable[object]] | None,
     terminology: Terminology | None = None,
     background: bool = False,
+    untranslated: list[list[tuple[int, int]]] | None = None,
 ) -> RequestResult:
     """The pipeline sees one text per sentence; its errors name the client's text instead,
     rebuilt from their fields (`owners` maps the pipeline's text to the client's). Only the
@@ -150,6 +183,7 @@ async def _translate_sentences(
             alignment_weights=False,
             terminology=terminology,
             background=background,
+            untranslated=untranslated,
         )
     except SentenceTooLong as error:  # the pipeline's "sentence 1" is not the client's
         owner = owners[error.text_index]
